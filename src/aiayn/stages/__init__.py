@@ -1,0 +1,57 @@
+"""One function per DVC stage: ``run(params, layout) -> summary``.
+
+Each stage module exposes ``run(params: Params, layout: Layout) -> dict`` that
+reads its inputs from ``layout``, writes its outputs atomically under
+``layout``, and returns a small JSON-able summary (counts, metrics, paths).
+The CLI (``aiayn <stage>``), the Prefect flows (``pipelines/``) and
+``dvc.yaml`` all call these same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Layout", "STAGES"]
+
+#: Pipeline order (DVC DAG).
+STAGES = ("prepare", "tokenize", "train", "evaluate")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every stage reads and writes, relative to one project root.
+
+    ``raw``       fetched corpus (``*.gz`` + SHA256SUMS), tracked by ``data.dvc``
+    ``prepared``  validated, NFC-normalised, filtered plain text: ``{split}.{lang}``
+    ``tokenized`` ``spm.model``/``spm.vocab`` + encoded splits (numpy)
+    ``model``     checkpoints, ``model.safetensors`` (averaged), ``model.json``
+    ``eval``      hypotheses ``{split}.hyp.{tgt_lang}`` and ``metrics.json``
+    """
+
+    root: Path = Path(".")
+
+    @property
+    def raw(self) -> Path:
+        return self.root / "data" / "multi30k"
+
+    @property
+    def prepared(self) -> Path:
+        return self.root / "artifacts" / "prepared"
+
+    @property
+    def tokenized(self) -> Path:
+        return self.root / "artifacts" / "tokenized"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "artifacts" / "model"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Step checkpoints; outside DVC outs (kept across stage reruns for resume)."""
+        return self.root / "artifacts" / "checkpoints"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "artifacts" / "eval"

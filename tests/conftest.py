@@ -1,0 +1,25 @@
+"""Test-wide environment: Triton interpreter, offline telemetry, corpus mirror."""
+
+import os
+from pathlib import Path
+
+# Must be set before any @triton.jit runs (CPU: interpreter mode).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MIRROR = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_mirror() -> Path:
+    """The local Multi30k mirror (``AIAYN_DATA_MIRROR`` or ``../shared/data/multi30k``)."""
+    path = Path(os.environ.get("AIAYN_DATA_MIRROR", DEFAULT_MIRROR))
+    if not (path / "SHA256SUMS").exists():
+        pytest.skip(f"no Multi30k mirror at {path}")
+    return path
