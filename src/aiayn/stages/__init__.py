@@ -26,7 +26,8 @@ class Layout:
     ``prepared``  validated, NFC-normalised, filtered plain text: ``{split}.{lang}``
     ``tokenized`` ``spm.model``/``spm.vocab`` + encoded splits (numpy)
     ``model``     checkpoints, ``model.safetensors`` (averaged), ``model.json``
-    ``eval``      hypotheses ``{split}.hyp.{tgt_lang}`` and ``metrics.json``
+    ``eval``      hypotheses ``{split}.hyp.{tgt_lang}`` and ``scores.json`` (with signatures)
+    ``*_metrics`` small JSON metrics files declared under DVC ``metrics:``
     """
 
     root: Path = Path(".")
@@ -55,3 +56,13 @@ class Layout:
     @property
     def eval(self) -> Path:
         return self.root / "artifacts" / "eval"
+
+    @property
+    def train_metrics(self) -> Path:
+        """Validation metrics of the averaged model (DVC ``metrics``, outside the ``model`` out)."""
+        return self.root / "artifacts" / "train_metrics.json"
+
+    @property
+    def eval_metrics(self) -> Path:
+        """``{split: {bleu, chrf, bleu_lc_tok}}`` (DVC ``metrics``, outside the ``eval`` out)."""
+        return self.root / "artifacts" / "eval_metrics.json"

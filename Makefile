@@ -1,0 +1,49 @@
+# aiayn: `make run` = the main job (Multi30k En->De, fetch -> prepare -> tokenize -> train -> evaluate);
+#        `make test` = the test suite (what CI runs). Both create the venv first if needed.
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON ?= python3.11
+PY := $(abspath $(VENV))/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export DVC_NO_ANALYTICS := 1
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export PYTHONUNBUFFERED := 1
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-all test-services ui bench clean
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --no-compile --no-deps -r requirements.lock
+	$(PY) -m pip install -q --no-compile --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+## The main job: corpus (download, or copy from $$AIAYN_DATA_MIRROR), then the DVC pipeline.
+run: install
+	aiayn fetch
+	test -f data.dvc && dvc status data.dvc >/dev/null || true
+	dvc repro
+	dvc metrics show
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Everything except GPU: slow and services tiers too.
+test-all: install
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-services: install
+	$(PY) -m pytest -m services $(PYTEST_ARGS)
+
+## Open the MLflow UI on the local store (http://127.0.0.1:5000).
+ui: install
+	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+clean:
+	rm -rf artifacts .aiayn

@@ -1,0 +1,201 @@
+"""One Prefect flow per stage: a thin, typed wrapper over ``aiayn.stages.<name>.run``.
+
+Each flow loads ``params.yaml`` (``params_path``, relative to ``root``), builds
+the ``Layout`` of ``root`` and calls the stage's ``run`` inside one task, so the
+flow run in Prefect carries the stage's logs, its summary and, on failure, the
+stage's own error message (the exception propagates: the flow run ends
+``Failed`` with ``"<ExceptionType>: <stage message>"``).
+
+Retries: only I/O is retried (``io_task``: fetching the corpus, DVC remote
+transfers, tracking calls), with exponential back-off and only for transient
+errors (``OSError`` and its kin: ``ConnectionError``, ``TimeoutError``,
+``urllib.error.URLError``). Compute stages (prepare, tokenize, train,
+evaluate) are never retried: a failure there is a bug or bad input, and
+re-running a 45-minute training would only repeat it.
+
+Partial outputs: every stage writes atomically (``aiayn.io``: files renamed
+into place, directories swapped in whole), so a failed stage leaves no output
+behind for the next run (``dvc repro``) to pick up.
+
+Stage logs: records of the ``aiayn`` loggers are forwarded to the Prefect run
+logger while a stage runs, and ``print`` is captured (``log_prints=True``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from prefect import Flow, flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+
+from aiayn.config import Params, load_params
+from aiayn.stages import Layout
+
+__all__ = [
+    "TRANSIENT_ERRORS",
+    "IO_RETRIES",
+    "IO_RETRY_BACKOFF_S",
+    "is_transient",
+    "io_task",
+    "stage_logs_to_prefect",
+    "run_stage",
+    "fetch_corpus",
+    "fetch",
+    "prepare",
+    "tokenize",
+    "train",
+    "evaluate",
+    "STAGE_FLOWS",
+]
+
+#: Exceptions treated as transient I/O failures (retried by ``io_task``).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+
+#: Retries of an I/O task after its first attempt.
+IO_RETRIES = 3
+#: First retry delay (seconds); doubled at each retry: 2, 4, 8 s, each +/- 50 % jitter.
+IO_RETRY_BACKOFF_S = 2.0
+
+
+def is_transient(exc: BaseException | None, transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS) -> bool:
+    """True when ``exc`` is one of ``transient`` (a failure worth retrying)."""
+    return isinstance(exc, transient)
+
+
+def _retry_condition(transient: tuple[type[BaseException], ...]) -> Callable[..., bool]:
+    def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
+        """Prefect ``retry_condition_fn``: retry only transient failures."""
+        return is_transient(state.result(raise_on_failure=False), transient)
+
+    return retry_if_transient
+
+
+def io_task(
+    fn: Callable[..., Any] | None = None,
+    *,
+    transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
+    **task_kwargs: Any,
+) -> Any:
+    """``@task`` for I/O: ``IO_RETRIES`` retries, exponential back-off, only on ``transient`` errors.
+
+    Usable bare (``@io_task``) or with arguments (``@io_task(name=..., transient=(OSError, X))``).
+    """
+    options: dict[str, Any] = dict(
+        retries=IO_RETRIES,
+        retry_delay_seconds=exponential_backoff(backoff_factor=IO_RETRY_BACKOFF_S),
+        retry_jitter_factor=0.5,
+        retry_condition_fn=_retry_condition(transient),
+        cache_policy=NO_CACHE,
+        persist_result=False,
+    )
+    options.update(task_kwargs)
+    decorator = task(**options)
+    return decorator(fn) if fn is not None else decorator
+
+
+class _ToRunLogger(logging.Handler):
+    """Forward ``logging`` records to a Prefect run logger (shown in the Prefect UI)."""
+
+    def __init__(self, run_logger: logging.LoggerAdapter) -> None:
+        super().__init__()
+        self.run_logger = run_logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.run_logger.log(record.levelno, "%s: %s", record.name, record.getMessage())
+        except Exception:  # never let logging break a stage
+            self.handleError(record)
+
+
+@contextmanager
+def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
+    """While inside, records of ``logger_name`` (INFO and up) also go to the current Prefect run log."""
+    core = logging.getLogger(logger_name)
+    handler = _ToRunLogger(get_run_logger())
+    old_level = core.level
+    if core.getEffectiveLevel() > logging.INFO:
+        core.setLevel(logging.INFO)
+    core.addHandler(handler)
+    try:
+        yield
+    finally:
+        core.removeHandler(handler)
+        core.setLevel(old_level)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@task(name="run-stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
+def run_stage(stage: str, params: Params, layout: Layout) -> dict:
+    """Run ``aiayn.stages.<stage>.run(params, layout)`` and return its summary (never retried)."""
+    module = importlib.import_module(f"aiayn.stages.{stage}")
+    with stage_logs_to_prefect():
+        summary = module.run(params, layout)
+    get_run_logger().info("%s summary: %s", stage, summary)
+    return summary
+
+
+@io_task(name="fetch-corpus")
+def fetch_corpus(layout: Layout, mirror: str | None = None) -> dict:
+    """Copy (mirror) or download the checksum-verified corpus into ``layout.raw``; retried on I/O errors."""
+    fetch_stage = importlib.import_module("aiayn.stages.fetch")
+    with stage_logs_to_prefect():
+        summary = fetch_stage.run(layout, mirror=Path(mirror) if mirror else None)
+    get_run_logger().info("fetch summary: %s", summary)
+    return summary
+
+
+def _run(stage: str, params_path: str, root: str) -> dict:
+    root_path = Path(root).resolve()
+    params = load_params(root_path / params_path)  # an absolute params_path stays as is
+    return run_stage(stage, params, Layout(root_path))
+
+
+# --------------------------------------------------------------------------- flows
+
+
+@flow(name="fetch", log_prints=True)
+def fetch(root: str = ".", mirror: str | None = None) -> dict:
+    """Fetch the verified Multi30k corpus into ``<root>/data/multi30k`` (offline: ``mirror`` or ``AIAYN_DATA_MIRROR``)."""
+    return fetch_corpus(Layout(Path(root).resolve()), mirror)
+
+
+@flow(name="prepare", log_prints=True)
+def prepare(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Validate, normalise and filter the raw corpus into ``artifacts/prepared``."""
+    return _run("prepare", params_path, root)
+
+
+@flow(name="tokenize", log_prints=True)
+def tokenize(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Train the joint sentencepiece model and encode every split into ``artifacts/tokenized``."""
+    return _run("tokenize", params_path, root)
+
+
+@flow(name="train", log_prints=True)
+def train(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Train the Transformer and write the averaged model into ``artifacts/model``."""
+    return _run("train", params_path, root)
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Decode every test set and score it (sacreBLEU BLEU/chrF) into ``artifacts/eval``."""
+    return _run("evaluate", params_path, root)
+
+
+#: Stage name -> its flow, in pipeline order (``fetch`` comes before the DVC DAG).
+STAGE_FLOWS: dict[str, Flow[..., dict]] = {
+    "fetch": fetch,
+    "prepare": prepare,
+    "tokenize": tokenize,
+    "train": train,
+    "evaluate": evaluate,
+}

@@ -1,0 +1,131 @@
+"""Decoder key/value cache for incremental decoding (gpt-fast / torchtune style).
+
+Per decoder layer it holds
+
+- self-attention keys/values of every target token fed so far, in preallocated buffers
+  ``k_cache[layer]``, ``v_cache[layer]``: ``(B, n_kv_heads, max_len, head_dim)``, filled up to
+  ``length`` (all rows share one length: decoding is synchronous across the batch);
+- cross-attention keys/values of the encoder output, ``cross_k[layer]``, ``cross_v[layer]``:
+  ``(B, n_kv_heads, S, head_dim)``, computed once per source on the first decode step;
+
+plus the source padding mask ``src_pad_mask`` ``(B, S)`` (True = pad) that goes with them.
+
+Beam search and batch shrinking touch the cache through ONE method, ``reorder(index)``,
+which selects/reorders/expands rows of every tensor (like fairseq's
+``reorder_incremental_state``). The model writes through ``update`` / ``set_cross`` and
+moves the write position with ``advance``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Preallocated self-attention cache plus lazily filled cross-attention cache.
+
+    Args (keyword-only):
+        n_layers: decoder layers.
+        batch_size: rows ``B`` (sentences x beams).
+        n_kv_heads, head_dim: key/value heads and their width.
+        max_len: capacity in target tokens (decoder inputs, BOS included).
+        dtype, device: of the buffers (the model's parameter dtype/device).
+    """
+
+    def __init__(
+        self,
+        *,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if min(n_layers, batch_size, n_kv_heads, head_dim, max_len) < 1:
+            raise ValueError(
+                f"KVCache sizes must be >= 1, got n_layers={n_layers}, batch_size={batch_size}, "
+                f"n_kv_heads={n_kv_heads}, head_dim={head_dim}, max_len={max_len}"
+            )
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.max_len = max_len
+        self.length = 0  # target tokens cached so far (the next token's position)
+        self.k_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.cross_k: list[torch.Tensor | None] = [None] * n_layers
+        self.cross_v: list[torch.Tensor | None] = [None] * n_layers
+        self.src_pad_mask: torch.Tensor | None = None  # (B, S) True = pad
+
+    @property
+    def batch_size(self) -> int:
+        return self.k_cache[0].shape[0]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k_cache)
+
+    @property
+    def has_cross(self) -> bool:
+        """True once the cross-attention keys/values of every layer are stored."""
+        return all(k is not None for k in self.cross_k)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all cached tensors (self buffers at full capacity, cross k/v, mask)."""
+        tensors = [*self.k_cache, *self.v_cache, *self.cross_k, *self.cross_v, self.src_pad_mask]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write new self-attention ``k, v`` ``(B, n_kv_heads, T_new, head_dim)`` at positions
+        ``length .. length + T_new - 1`` of ``layer``; return the filled views
+        ``(B, n_kv_heads, length + T_new, head_dim)``. ``length`` moves only on ``advance``.
+
+        Raises ``ValueError`` on a batch/shape mismatch or when ``max_len`` would be exceeded.
+        """
+        k_buf, v_buf = self.k_cache[layer], self.v_cache[layer]
+        B, n_kv_heads, T_new, head_dim = k.shape
+        if (B, n_kv_heads, head_dim) != (k_buf.shape[0], k_buf.shape[1], k_buf.shape[3]) or v.shape != k.shape:
+            raise ValueError(
+                f"KVCache layer {layer}: new k {tuple(k.shape)} / v {tuple(v.shape)} do not fit the cache "
+                f"{tuple(k_buf.shape)} (B, n_kv_heads, max_len, head_dim)"
+            )
+        end = self.length + T_new
+        if end > self.max_len:
+            raise ValueError(f"KVCache full: {self.length} cached + {T_new} new tokens > max_len={self.max_len}")
+        k_buf[:, :, self.length : end] = k
+        v_buf[:, :, self.length : end] = v
+        return k_buf[:, :, :end], v_buf[:, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        """Move the write position by ``n_tokens`` (called once per decode step, after all layers)."""
+        if self.length + n_tokens > self.max_len:
+            raise ValueError(f"KVCache full: {self.length} + {n_tokens} > max_len={self.max_len}")
+        self.length += n_tokens
+
+    def set_cross(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the cross-attention ``k, v`` ``(B, n_kv_heads, S, head_dim)`` of ``layer`` (once per source)."""
+        if k.shape[0] != self.batch_size:
+            raise ValueError(f"KVCache layer {layer}: cross k batch {k.shape[0]} != cache batch {self.batch_size}")
+        self.cross_k[layer], self.cross_v[layer] = k, v
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` ``(B',)`` (long) of every cached tensor, in that order.
+
+        Serves beam reordering (``index`` = source row of each new beam), beam expansion
+        (a row repeated ``beam_size`` times) and dropping finished sentences (a subset).
+        """
+        if index.dim() != 1 or index.dtype != torch.long:
+            raise ValueError(f"KVCache.reorder needs a 1-D long index, got {index.dtype} {tuple(index.shape)}")
+        index = index.to(self.k_cache[0].device)
+
+        def select(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.index_select(0, index)
+
+        self.k_cache = [select(t) for t in self.k_cache]  # each (B', n_kv_heads, max_len, head_dim)
+        self.v_cache = [select(t) for t in self.v_cache]
+        self.cross_k = [select(t) for t in self.cross_k]  # each (B', n_kv_heads, S, head_dim)
+        self.cross_v = [select(t) for t in self.cross_v]
+        self.src_pad_mask = select(self.src_pad_mask)  # (B', S)

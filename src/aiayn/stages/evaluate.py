@@ -1,0 +1,66 @@
+"""``evaluate`` stage: translate the test sets with beam search and score them with sacreBLEU.
+
+Outputs (``artifacts/eval``): ``{split}.hyp.{tgt_lang}`` (one detokenized
+hypothesis per line) and ``scores.json`` (scores with their sacreBLEU signatures
+and the decoding options); ``artifacts/eval_metrics.json`` holds the numbers
+only (``{split: {bleu, chrf, bleu_lc_tok}}``) for ``dvc metrics show``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiayn.config import Params
+from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
+from aiayn.scoring import score
+from aiayn.stages import Layout
+from aiayn.tracking import Tracker
+from aiayn.translate import DecodeOptions, Translator
+
+__all__ = ["run", "read_lines"]
+
+log = logging.getLogger("aiayn")
+
+
+def read_lines(path) -> list[str]:
+    """Lines of a UTF-8 text file without their newlines."""
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def run(params: Params, layout: Layout) -> dict[str, Any]:
+    """Translate every ``params.data.test_splits`` source file and score it against its reference.
+
+    Returns ``{split: {bleu, chrf, bleu_lc_tok, ...}}``. Raises
+    ``FileNotFoundError`` if the model bundle or a prepared split is missing and
+    ``aiayn.scoring.ScoringError`` if output still holds subword markers.
+    """
+    d, e = params.data, params.evaluate
+    translator = Translator.from_dir(layout.model)
+    options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
+                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+    metrics: dict[str, dict[str, float]] = {}
+    scores: dict[str, Any] = {"decode": dict(options.__dict__), "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
+    with Tracker("evaluate", project_root=layout.root) as tracker:
+        with atomic_dir(layout.eval) as out:
+            for step, split in enumerate(d.test_splits):
+                sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")
+                references = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
+                t0 = time.perf_counter()
+                hyps = translator.translate(sources, options)
+                seconds = time.perf_counter() - t0
+                atomic_write_text(out / f"{split}.hyp.{d.tgt_lang}", "".join(h + "\n" for h in hyps))
+                result = score(hyps, references)
+                metrics[split] = {k: round(float(result[k]), 4) for k in ("bleu", "chrf", "bleu_lc_tok")}
+                scores[split] = result | {"decode_seconds": round(seconds, 2)}
+                log.info("%s: BLEU %.2f chrF %.2f (%s) [%.1f s]", split, result["bleu"], result["chrf"],
+                         result["bleu_signature"], seconds)
+                tracker.log_metrics({f"{split}.{k}": v for k, v in metrics[split].items()}, step=step)
+                tracker.set_tags({f"{split}.bleu_signature": result["bleu_signature"],
+                                  f"{split}.chrf_signature": result["chrf_signature"]})
+            atomic_write_json(out / "scores.json", scores)
+        atomic_write_json(layout.eval_metrics, metrics)
+        tracker.log_artifacts(layout.eval, artifact_path="eval")
+        tracker.log_artifact(layout.eval_metrics, artifact_path="eval")
+    return metrics

@@ -1,0 +1,137 @@
+"""``train`` stage: encoded splits -> averaged model bundle in ``artifacts/model``.
+
+Outputs (DVC ``outs``, deterministic bytes for fixed params and data):
+``model.safetensors`` (average of the last ``average_last`` checkpoints),
+``model.json`` (resolved config + provenance) and ``spm.model`` (copied from
+the tokenizer, so the bundle is self-contained); ``artifacts/train_metrics.json``
+holds the validation loss of the averaged model. Wall-clock numbers (tokens/s, seconds) go to the
+tracker and the log only, never into DVC outputs.
+
+Step checkpoints live in ``artifacts/checkpoints`` (not a DVC output): a killed
+run, re-run with the same params, resumes from the newest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiayn.config import Params
+from aiayn.io import atomic_dir, atomic_write_json, sha256_file
+from aiayn.stages import Layout
+from aiayn.tokenizer import Tokenizer, load_encoded
+from aiayn.tracking import Tracker
+from aiayn.train import averaged_weights, train, validation_loss
+
+__all__ = ["run"]
+
+log = logging.getLogger("aiayn")
+
+
+def _data_id(layout: Layout) -> str:
+    files = ["spm.model", "train.src.ids.npy", "train.tgt.ids.npy", "train.src.offsets.npy", "train.tgt.offsets.npy"]
+    return ",".join(sha256_file(layout.tokenized / f)[:16] for f in files)
+
+
+class _Progress:
+    """A rich progress bar on a terminal; a log line every ``every`` steps otherwise."""
+
+    def __init__(self, total: int, every: int) -> None:
+        self.total, self.every = total, every
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[info]}"), transient=False)
+            self.task = self.bar.add_task("train", total=total, info="")
+
+    def __enter__(self) -> "_Progress":
+        if self.bar:
+            self.bar.start()
+        return self
+
+    def __call__(self, step: int, m: dict[str, float]) -> None:
+        info = f"epoch {int(m['epoch'])} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s"
+        if self.bar:
+            self.bar.update(self.task, completed=step, info=info)
+        elif step % self.every == 0:
+            log.info("step %d/%d %s", step, self.total, info)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def run(params: Params, layout: Layout) -> dict[str, Any]:
+    """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``.
+
+    Returns a summary: steps, epochs, stop reason, final validation metrics,
+    tokens/s. Raises ``FileNotFoundError`` if the tokenize stage has not run.
+    """
+    cfg = params.train
+    if cfg.keep_checkpoints < cfg.average_last:
+        raise ValueError(f"train.keep_checkpoints={cfg.keep_checkpoints} < train.average_last={cfg.average_last}")
+    spm_path = layout.tokenized / "spm.model"
+    if not spm_path.exists():
+        raise FileNotFoundError(f"{spm_path} not found: run the tokenize stage first")
+    tokenizer = Tokenizer.load(spm_path)
+    model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
+    train_split = load_encoded(layout.tokenized, "train")
+    valid_split = load_encoded(layout.tokenized, params.data.valid_split)
+
+    with Tracker("train", project_root=layout.root) as tracker:
+        tracker.log_params(params.to_flat_dict() | {"model.vocab_size": model_cfg.vocab_size})
+        tracker.set_tags({"seed": str(cfg.seed), "data_seed": str(cfg.data_seed), "model_preset": params.model_preset})
+        with _Progress(cfg.max_steps, cfg.log_every) as progress:
+            result = train(
+                model_cfg, cfg, train_split, valid_split, layout.checkpoints,
+                data_id=_data_id(layout), on_metrics=tracker.log_metrics, on_step=progress,
+            )
+        if result.stopped_by == "signal":
+            raise InterruptedError(
+                f"training interrupted at step {result.step}; checkpoint saved in {layout.checkpoints}, rerun to resume"
+            )
+        weights, steps = averaged_weights(layout.checkpoints, cfg.average_last)
+        model = result.model
+        model.load_state_dict(weights)
+        final = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)
+
+        from aiayn.checkpoint import save_model
+
+        with atomic_dir(layout.model) as out:
+            save_model(out / "model.safetensors", weights)
+            shutil.copyfile(spm_path, out / "spm.model")
+            atomic_write_json(out / "model.json", {
+                "model": model_cfg.model_dump(mode="json"),
+                "model_preset": params.model_preset,
+                "step": result.step,
+                "averaged_steps": steps,
+                "seed": cfg.seed,
+                "data_seed": cfg.data_seed,
+                "tokenizer_sha256": sha256_file(spm_path),
+            })
+        atomic_write_json(layout.train_metrics, {
+            "step": result.step,
+            "epoch": result.epoch,
+            **{k: round(v, 6) for k, v in final.items()},
+        })
+        tokens_per_s = result.tokens / max(result.train_seconds, 1e-9)
+        tracker.log_metrics({f"averaged_{k}": v for k, v in final.items()}, step=result.step)
+        tracker.log_metrics({"train_seconds": result.train_seconds, "train_tokens_per_s": tokens_per_s}, step=result.step)
+        tracker.log_artifacts(layout.model, artifact_path="model")
+    summary = {
+        "step": result.step,
+        "epoch": result.epoch,
+        "stopped_by": result.stopped_by,
+        "resumed_from": result.resumed_from,
+        "averaged_steps": steps,
+        "train_seconds": round(result.train_seconds, 1),
+        "tokens_per_s": round(tokens_per_s, 1),
+        **final,
+    }
+    log.info("train: %s", summary)
+    return summary

@@ -1,0 +1,777 @@
+"""MLflow tracking: one parent run per pipeline run, one nested child run per stage.
+
+This is the only module in ``aiayn`` that imports ``mlflow``, and it does so
+lazily (inside functions), so ``import aiayn.tracking`` stays cheap.
+
+Where runs go
+-------------
+Tracking URI, first match wins: the ``tracking_uri`` argument, the
+``MLFLOW_TRACKING_URI`` environment variable, else a SQLite store inside the
+project, ``sqlite:///<project_root>/mlflow.db``. For any ``sqlite:`` URI the
+experiment's artifacts go to ``mlruns/<experiment>`` beside the database file
+(without this MLflow would put them in ``./mlruns`` of the *current working
+directory*). Other stores (Postgres, an ``http(s)`` MLflow server) choose their
+own artifact location. A plain file store is refused by MLflow 3.17 unless
+``MLFLOW_ALLOW_FILE_STORE=true``; we never use it.
+
+Which pipeline run a stage joins (the parent rule)
+--------------------------------------------------
+1. ``AIAYN_PARENT_RUN_ID`` set: that run is the parent (an orchestrator such as
+   a Prefect flow made it and owns it: the tracker never ends it).
+2. Otherwise ``<project_root>/.aiayn/pipeline_run.json`` (local state, tracked
+   by neither git nor DVC) names the current parent. It is reused when it was
+   made for the same tracking URI and experiment, is still ``RUNNING``, and has
+   no child for this stage yet. Else a fresh parent is started, and a recorded
+   parent that is still running is ended as superseded (``FAILED`` if one of
+   its stages failed or died, else ``FINISHED``). So
+   ``prepare -> tokenize -> train -> evaluate`` share one parent, and running a
+   stage a second time starts a new pipeline run.
+3. The last stage of the pipeline (``aiayn.stages.STAGES[-1]``, ``evaluate``
+   today; override with ``end_pipeline=``) ends the parent with its own status
+   and deletes the state file. ``end_pipeline_run()`` ends it explicitly.
+
+The child run ends ``FINISHED``, ``FAILED`` (an exception left the ``with``
+block; the exception still propagates) or ``KILLED`` (``KeyboardInterrupt``).
+
+Tags on parent and child: ``git.commit``, ``git.dirty``,
+``mlflow.source.git.commit`` and one ``data_hash.<path>`` per DVC-tracked path
+(from ``dvc.lock`` and the project's ``*.dvc`` files).
+
+Failure behaviour
+-----------------
+Tracking must never stop training. If the server is unreachable or any MLflow
+call raises, the tracker logs ONE warning on the ``aiayn.tracking`` logger
+("MLflow tracking disabled: <why>") and every later call is a no-op. Errors in
+the *caller's* input (a non-numeric metric, a bad key, a missing file) still
+raise ``ValueError``/``FileNotFoundError``, enabled or not. For ``http(s)`` URIs
+the server's ``/health`` is probed first (2 s timeout), and unless already set
+we default ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=2`` and
+``MLFLOW_HTTP_REQUEST_TIMEOUT=30`` (MLflow's own defaults, 7 retries and 120 s,
+would stall training for minutes on an outage).
+
+``enabled=False`` or ``AIAYN_TRACKING=0`` turns everything into a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from aiayn.io import atomic_write_json
+
+__all__ = [
+    "Tracker",
+    "end_pipeline_run",
+    "dvc_data_hashes",
+    "git_commit",
+    "resolve_tracking_uri",
+    "tracking_enabled",
+    "STATE_FILE",
+]
+
+log = logging.getLogger(__name__)
+
+#: Pipeline state, relative to the project root (not under artifacts/: untracked by DVC).
+STATE_FILE = Path(".aiayn") / "pipeline_run.json"
+
+# MLflow 3.17 limits (mlflow/utils/validation.py).
+_MAX_KEY_LEN = 250  # characters, param/metric/tag keys
+_MAX_PARAM_VAL_LEN = 6000  # characters
+_MAX_TAG_VAL_LEN = 8000  # characters
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAMS_TAGS_PER_BATCH = 100
+_KEY_RE = re.compile(r"^[/\w.\- :]*$")  # MLflow's allowed key characters (POSIX)
+_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+
+_HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+_HEALTH_TIMEOUT_S = 2.0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def tracking_enabled(enabled: bool = True) -> bool:
+    """``enabled`` unless env ``AIAYN_TRACKING`` is ``0``/``false``/``off``/``no``."""
+    flag = os.environ.get("AIAYN_TRACKING", "1").strip().lower()
+    return enabled and flag not in {"0", "false", "off", "no"}
+
+
+def resolve_tracking_uri(project_root: str | Path, tracking_uri: str | None = None) -> str:
+    """The tracking URI: ``tracking_uri``, else env ``MLFLOW_TRACKING_URI``, else
+    ``sqlite:///<project_root>/mlflow.db`` (absolute)."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{(Path(project_root).resolve() / 'mlflow.db').as_posix()}"
+
+
+def _sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """``<db dir>/mlruns/<experiment>`` for a ``sqlite:`` URI, else ``None`` (store decides)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db_path = tracking_uri[len("sqlite:///") :].split("?", 1)[0]
+    if db_path in ("", ":memory:"):
+        return None
+    safe = re.sub(r"[^\w.-]", "_", experiment)
+    return (Path(db_path).resolve().parent / "mlruns" / safe).as_uri()
+
+
+def git_commit(project_root: str | Path) -> tuple[str | None, bool]:
+    """``(HEAD commit sha, dirty)`` of the git work tree holding ``project_root``.
+
+    ``dirty`` is True when tracked files differ from HEAD (untracked files are
+    ignored: they are not part of any commit). ``(None, False)`` outside a git
+    work tree or without a ``git`` executable. Never raises.
+    """
+
+    def _git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(project_root), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    head = _git("rev-parse", "--verify", "HEAD")
+    if head is None:
+        return None, False
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return head.strip(), bool(status and status.strip())
+
+
+def _out_hash(entry: Mapping[str, Any]) -> str | None:
+    for key in ("md5", "etag", "checksum"):
+        if entry.get(key):
+            return str(entry[key])
+    return None
+
+
+def _local_path(base: str, path: Any) -> str | None:
+    """Normalised POSIX path relative to the project root, or None if not a local relative path."""
+    if not isinstance(path, str) or "://" in path or path.startswith("/"):
+        return None
+    norm = posixpath.normpath(posixpath.join(base, path)) if base else posixpath.normpath(path)
+    return None if norm.startswith("..") or norm == "." else norm
+
+
+def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
+    """DVC content hashes of every data path the pipeline knows, keyed by path.
+
+    Reads ``<project_root>/dvc.lock`` (every stage's ``deps`` and ``outs``; an
+    ``outs`` entry wins over a ``deps`` entry for the same path) and each
+    ``<project_root>/*.dvc`` file (``outs``, paths relative to the ``.dvc``
+    file). Values are DVC's ``md5`` (``...dir`` for directories; ``etag`` or
+    ``checksum`` for remote-style entries). Keys are POSIX paths relative to
+    the project root, e.g. ``{"artifacts/prepared": "3f2a...dir"}``. Missing
+    files give an empty dict. Never imports dvc (parses YAML).
+
+    Raises:
+        ValueError: a file is not valid YAML or not shaped like a DVC lock /
+            ``.dvc`` file; the message names the file.
+    """
+    root = Path(project_root)
+    deps: dict[str, str] = {}
+    outs: dict[str, str] = {}
+
+    def _load(path: Path) -> Any:
+        try:
+            return yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from e
+
+    def _entries(path: Path, block: Any, what: str) -> list[Mapping[str, Any]]:
+        if block is None:
+            return []
+        if not isinstance(block, list) or not all(isinstance(x, Mapping) for x in block):
+            raise ValueError(f"{path}: {what} must be a list of mappings, got {block!r:.200}")
+        return block
+
+    lock = root / "dvc.lock"
+    if lock.is_file():
+        doc = _load(lock) or {}
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{lock}: expected a mapping at top level, got {type(doc).__name__}")
+        stages = doc.get("stages", {}) if "schema" in doc else doc  # schema 2.0 vs 1.0
+        if not isinstance(stages, Mapping):
+            raise ValueError(f"{lock}: 'stages' must be a mapping, got {stages!r:.200}")
+        for name, stage in stages.items():
+            if not isinstance(stage, Mapping):
+                raise ValueError(f"{lock}: stage {name!r} must be a mapping, got {stage!r:.200}")
+            for target, key in ((deps, "deps"), (outs, "outs")):
+                for entry in _entries(lock, stage.get(key), f"stages.{name}.{key}"):
+                    p, h = _local_path("", entry.get("path")), _out_hash(entry)
+                    if p and h:
+                        target[p] = h
+
+    for dvc_file in sorted(root.glob("*.dvc")):
+        doc = _load(dvc_file) or {}
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{dvc_file}: expected a mapping at top level, got {type(doc).__name__}")
+        base = dvc_file.parent.relative_to(root).as_posix()
+        for entry in _entries(dvc_file, doc.get("outs"), "outs"):
+            p, h = _local_path("" if base == "." else base, entry.get("path")), _out_hash(entry)
+            if p and h:
+                outs[p] = h
+
+    return {**deps, **outs}
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            flat.update(_flatten(v, f"{key}."))
+        else:
+            flat[key] = v
+    return flat
+
+
+def _check_key(key: str, what: str) -> str:
+    if not isinstance(key, str) or not key or len(key) > _MAX_KEY_LEN or not _KEY_RE.match(key):
+        raise ValueError(
+            f"invalid MLflow {what} key {key!r}: needs 1..{_MAX_KEY_LEN} characters from "
+            "letters, digits, '_', '-', '.', ' ', ':', '/'"
+        )
+    if posixpath.normpath(key) != key:
+        raise ValueError(f"invalid MLflow {what} key {key!r}: must be a normalised path (no '//', './', '..')")
+    return key
+
+
+def _param_value(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        s = json.dumps(list(v), default=str)
+    else:
+        s = str(v)
+    return s[:_MAX_PARAM_VAL_LEN]
+
+
+def _chunks(items: list[Any], n: int) -> list[list[Any]]:
+    return [items[i : i + n] for i in range(0, len(items), n)]
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("run_id"), str) else None
+
+
+def _http_unreachable(tracking_uri: str) -> str | None:
+    """None if ``<uri>/health`` answers at all (any HTTP status), else the reason."""
+    url = tracking_uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=_HEALTH_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None  # the server answered; /health may just not exist behind a proxy
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        return f"tracking server {tracking_uri} unreachable ({reason})"
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+class Tracker:
+    """One stage's MLflow child run under the pipeline's parent run (see module doc).
+
+    Use as a context manager::
+
+        with Tracker("train", project_root=root) as t:
+            t.log_params(params.model_dump(mode="json"))
+            for step in ...:
+                t.log_metrics({"train/loss": loss, "lr": lr}, step=step)
+            t.log_artifacts(layout.model, "model")
+
+    Args:
+        stage: stage name; the child run's name and its ``aiayn.stage`` tag.
+        project_root: project root (default store, ``dvc.lock``, state file).
+        experiment: MLflow experiment name (ignored when ``AIAYN_PARENT_RUN_ID``
+            is set: the child joins the parent's experiment).
+        tracking_uri: overrides ``MLFLOW_TRACKING_URI`` and the SQLite default.
+        enabled: False makes every call a no-op (so does ``AIAYN_TRACKING=0``).
+        end_pipeline: end the parent run when this stage ends; default True for
+            the last pipeline stage (``aiayn.stages.STAGES[-1]``).
+        flush_every: buffered ``log_metrics`` calls that trigger a flush.
+        flush_seconds: seconds since the last flush that trigger a flush (checked
+            on each ``log_metrics`` call; there is no background thread).
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        *,
+        project_root: str | Path,
+        experiment: str = "aiayn",
+        tracking_uri: str | None = None,
+        enabled: bool = True,
+        end_pipeline: bool | None = None,
+        flush_every: int = 50,
+        flush_seconds: float = 10.0,
+    ) -> None:
+        if not stage or not _KEY_RE.match(stage):
+            raise ValueError(f"invalid stage name {stage!r}")
+        if flush_every < 1 or flush_seconds < 0:
+            raise ValueError(f"flush_every must be >= 1 and flush_seconds >= 0, got {flush_every}, {flush_seconds}")
+        self.stage = stage
+        self.project_root = Path(project_root).resolve()
+        self.experiment = experiment
+        self.tracking_uri = resolve_tracking_uri(self.project_root, tracking_uri)
+        self._enabled = tracking_enabled(enabled)
+        self._end_pipeline = end_pipeline
+        self._flush_every = flush_every
+        self._flush_seconds = flush_seconds
+
+        self._active = False  # True between a successful enter and exit / first failure
+        self._client: Any = None
+        self._experiment_id: str | None = None
+        self._run_id: str | None = None
+        self._parent_run_id: str | None = None
+        self._owns_parent = False
+        self._parent_params: set[str] = set()
+        self._params: dict[str, str] = {}
+        self._buffer: list[Any] = []  # mlflow.entities.Metric
+        self._calls_since_flush = 0
+        self._last_flush = time.monotonic()
+        self._warned = False
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def active(self) -> bool:
+        """True while the tracker is logging (entered, enabled, no MLflow failure yet)."""
+        return self._active
+
+    @property
+    def run_id(self) -> str | None:
+        """The stage's child run id (None when disabled)."""
+        return self._run_id if self._active else None
+
+    @property
+    def parent_run_id(self) -> str | None:
+        """The pipeline's parent run id (None when disabled)."""
+        return self._parent_run_id if self._active else None
+
+    @property
+    def state_path(self) -> Path:
+        return self.project_root / STATE_FILE
+
+    def run_url(self) -> str | None:
+        """Where to look at this run: the UI link for an ``http(s)`` tracking URI,
+        else a ``mlflow ui --backend-store-uri ...`` hint. None when disabled."""
+        if not self._active:
+            return None
+        if self.tracking_uri.startswith(("http://", "https://")):
+            base = self.tracking_uri.rstrip("/")
+            return f"{base}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
+        return (
+            f"mlflow ui --backend-store-uri {self.tracking_uri}  "
+            f"(experiment {self._experiment_id}, run {self._run_id})"
+        )
+
+    # ----------------------------------------------------------------- failure
+
+    def _disable(self, why: str) -> None:
+        self._active = False
+        self._buffer.clear()
+        if not self._warned:
+            self._warned = True
+            log.warning("MLflow tracking disabled for stage %r: %s", self.stage, why)
+
+    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run an MLflow call; on any exception disable tracking (one warning) and return None."""
+        if not self._active:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - tracking must never stop training
+            self._disable(f"{type(e).__name__}: {e}")
+            return None
+
+    # ----------------------------------------------------------------- enter / exit
+
+    def __enter__(self) -> Tracker:
+        if not self._enabled:
+            return self
+        if self.tracking_uri.startswith(("http://", "https://")):
+            why = _http_unreachable(self.tracking_uri)
+            if why:
+                self._disable(why)
+                return self
+            for k, v in _HTTP_ENV_DEFAULTS.items():
+                os.environ.setdefault(k, v)
+        self._active = True
+        self._guard(self._start)
+        return self
+
+    def _start(self) -> None:
+        from mlflow import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        tags = self._context_tags()
+        env_parent = os.environ.get("AIAYN_PARENT_RUN_ID")
+        state: dict[str, Any] | None = None
+        if env_parent:
+            parent = self._client.get_run(env_parent)  # raises if missing -> disabled
+            self._experiment_id = parent.info.experiment_id
+            self._parent_run_id = env_parent
+            self._owns_parent = False
+        else:
+            self._experiment_id = self._experiment()
+            state = self._resolve_parent()
+            self._owns_parent = True
+        self._set_tags(self._parent_run_id, tags)
+        self._parent_params = set(self._client.get_run(self._parent_run_id).data.params)
+
+        run = self._client.create_run(
+            self._experiment_id,
+            run_name=self.stage,
+            tags={"mlflow.parentRunId": self._parent_run_id, "aiayn.stage": self.stage, "aiayn.kind": "stage"},
+        )
+        self._run_id = run.info.run_id
+        self._set_tags(self._run_id, tags)
+        if state is not None:
+            state["stages"][self.stage] = {"run_id": self._run_id, "status": "RUNNING"}
+            atomic_write_json(self.state_path, state)
+
+    def _experiment(self) -> str:
+        exp = self._client.get_experiment_by_name(self.experiment)
+        if exp is None:
+            return self._client.create_experiment(
+                self.experiment, artifact_location=_sqlite_artifact_location(self.tracking_uri, self.experiment)
+            )
+        if exp.lifecycle_stage == "deleted":
+            self._client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+
+    def _resolve_parent(self) -> dict[str, Any]:
+        """Pick or start the parent run (rule 2 of the module doc); return the new state."""
+        from mlflow.exceptions import MlflowException
+
+        old = _read_state(self.state_path)
+        same_store = (
+            old is not None
+            and old.get("tracking_uri") == self.tracking_uri
+            and old.get("experiment_id") == self._experiment_id
+        )
+        old_status = None
+        if same_store:
+            try:
+                old_status = self._client.get_run(old["run_id"]).info.status
+            except MlflowException:
+                old_status = None  # deleted or a wiped store: start fresh
+        stages = old.get("stages", {}) if old else {}
+        if same_store and old_status == "RUNNING" and self.stage not in stages:
+            self._parent_run_id = old["run_id"]
+            return old
+        if same_store and old_status == "RUNNING":
+            self._supersede(old)
+        parent = self._client.create_run(
+            self._experiment_id, run_name="pipeline", tags={"aiayn.kind": "pipeline"}
+        )
+        self._parent_run_id = parent.info.run_id
+        return {
+            "run_id": self._parent_run_id,
+            "experiment_id": self._experiment_id,
+            "tracking_uri": self.tracking_uri,
+            "stages": {},
+        }
+
+    def _supersede(self, old: dict[str, Any]) -> None:
+        """End a still-running parent that a new pipeline run replaces."""
+        failed = False
+        for info in old.get("stages", {}).values():
+            status = info.get("status") if isinstance(info, dict) else None
+            if status == "RUNNING":  # its process died without ending the child
+                self._client.set_terminated(info["run_id"], status="KILLED")
+            failed = failed or status in ("RUNNING", "FAILED", "KILLED")
+        self._client.set_terminated(old["run_id"], status="FAILED" if failed else "FINISHED")
+
+    def _context_tags(self) -> dict[str, str]:
+        commit, dirty = git_commit(self.project_root)
+        tags: dict[str, str] = {"git.dirty": str(dirty).lower()}
+        if commit:
+            tags["git.commit"] = commit
+            tags["mlflow.source.git.commit"] = commit
+        try:
+            hashes = dvc_data_hashes(self.project_root)
+        except ValueError as e:
+            log.warning("no data hashes logged: %s", e)
+            hashes = {}
+        for path, h in hashes.items():
+            key = _BAD_KEY_CHARS.sub("_", f"data_hash.{path}")[:_MAX_KEY_LEN]
+            tags[key] = h
+        return tags
+
+    def _set_tags(self, run_id: str | None, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:_MAX_TAG_VAL_LEN]) for k, v in tags.items()]
+        for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, tags=chunk)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if not self._active:
+            return False
+        self.flush()
+        if exc_type is None:
+            status = "FINISHED"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        self._guard(self._finish, status)
+        self._active = False
+        return False  # never swallow the caller's exception
+
+    def _finish(self, status: str) -> None:
+        self._client.set_terminated(self._run_id, status=status)
+        if not self._owns_parent:
+            return
+        end = self._end_pipeline
+        if end is None:
+            from aiayn.stages import STAGES
+
+            end = self.stage == STAGES[-1]
+        if end:
+            self._client.set_terminated(self._parent_run_id, status=status)
+            self.state_path.unlink(missing_ok=True)
+            return
+        state = _read_state(self.state_path)
+        if state is not None and state["run_id"] == self._parent_run_id:
+            state.setdefault("stages", {})[self.stage] = {"run_id": self._run_id, "status": status}
+            atomic_write_json(self.state_path, state)
+
+    # ----------------------------------------------------------------- logging
+
+    def log_params(self, params: Mapping[str, Any] | Any, *, parent: bool | None = None) -> None:
+        """Log (nested) params on the child run, flattened to ``a.b.c`` keys.
+
+        Values are stringified (lists/tuples as JSON) and cut to MLflow's 6000
+        characters. A pydantic model is accepted (``model_dump(mode="json")``).
+        With ``parent`` (default: True for the ``train`` stage) they are also
+        logged on the parent, skipping keys the parent already has (params are
+        immutable in MLflow; the first stage to log a key wins there).
+
+        Raises:
+            ValueError: a key MLflow would reject (quoted), or a key logged
+                twice on this run with a different value.
+        """
+        if hasattr(params, "model_dump"):
+            params = params.model_dump(mode="json")
+        if not isinstance(params, Mapping):
+            raise ValueError(f"log_params expects a mapping, got {type(params).__name__}")
+        flat = {_check_key(k, "param"): _param_value(v) for k, v in _flatten(params).items()}
+        new: dict[str, str] = {}
+        for k, v in flat.items():
+            if k in self._params and self._params[k] != v:
+                raise ValueError(f"param {k!r} already logged as {self._params[k]!r}, now {v!r}")
+            if k not in self._params:
+                new[k] = v
+        if not self._active or not new:
+            return
+        self._params.update(new)
+        if parent is None:
+            parent = self.stage == "train"
+        self._guard(self._log_params, self._run_id, new)
+        if parent and self._active:
+            fresh = {k: v for k, v in new.items() if k not in self._parent_params}
+            self._parent_params.update(fresh)
+            self._guard(self._log_params, self._parent_run_id, fresh)
+
+    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, params=chunk)
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int, parent: bool = False) -> None:
+        """Buffer ``metrics`` at ``step`` (timestamped now); flushed in batches.
+
+        A flush (one ``MlflowClient.log_batch`` per 1000 metrics) happens every
+        ``flush_every`` calls, when ``flush_seconds`` have passed since the last
+        flush, and on exit. ``parent=True`` also logs them on the parent run
+        (e.g. final BLEU, for comparing pipeline runs).
+
+        Raises:
+            ValueError: a bad key, a value that is not a real number, or a
+                negative / non-integer ``step`` (all quoted).
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        values: dict[str, float] = {}
+        for k, v in metrics.items():
+            _check_key(k, "metric")
+            try:
+                values[k] = float(v)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"metric {k!r} at step {step}: not a number: {v!r}") from e
+        if not self._active:
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)  # milliseconds
+        run_ids = [self._run_id, self._parent_run_id] if parent else [self._run_id]
+        for run_id in run_ids:
+            self._buffer.extend((run_id, Metric(k, v, ts, step)) for k, v in values.items())
+        self._calls_since_flush += 1
+        if self._calls_since_flush >= self._flush_every or time.monotonic() - self._last_flush >= self._flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send buffered metrics now (no-op when nothing is buffered or tracking is off)."""
+        self._calls_since_flush = 0
+        self._last_flush = time.monotonic()
+        if not self._active or not self._buffer:
+            return
+        buffer, self._buffer = self._buffer, []
+        for run_id in dict.fromkeys(r for r, _ in buffer):
+            items = [m for r, m in buffer if r == run_id]
+            for chunk in _chunks(items, _MAX_METRICS_PER_BATCH):
+                self._guard(self._client.log_batch, run_id, metrics=chunk)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set tags on the child run (values stringified, cut to 8000 characters).
+
+        Raises:
+            ValueError: a key MLflow would reject (quoted).
+        """
+        checked = {_check_key(k, "tag"): v for k, v in tags.items()}
+        if self._active:
+            self._guard(self._set_tags, self._run_id, checked)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload one file to the child run's artifacts (under ``artifact_path``).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a file.
+        """
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"log_artifact: no such file: {path}")
+        if self._active:
+            self._guard(self._client.log_artifact, self._run_id, str(path), artifact_path)
+
+    def log_artifacts(self, directory: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a directory's contents to the child run's artifacts.
+
+        Raises:
+            FileNotFoundError: ``directory`` is not a directory.
+        """
+        if not Path(directory).is_dir():
+            raise FileNotFoundError(f"log_artifacts: no such directory: {directory}")
+        if self._active:
+            self._guard(self._client.log_artifacts, self._run_id, str(directory), artifact_path)
+
+    def register_model(
+        self, model_dir_or_artifact_path: str | Path, name: str, alias: str | None = None
+    ) -> str | None:
+        """Register a model version in the MLflow Model Registry (for the export stage).
+
+        ``model_dir_or_artifact_path`` is either a local file/directory, which is
+        first uploaded to this run's artifacts under ``registered/<name>``, or an
+        artifact path already logged on this run. Creates the registered model
+        ``name`` if needed, a version whose source is ``runs:/<run_id>/<path>``,
+        and points ``alias`` (e.g. ``"champion"``) at it. The bundle need not be
+        an MLflow ``MLmodel`` flavour; consumers download the source artifacts.
+
+        Returns:
+            The new version number as a string, or None when tracking is off.
+        """
+        if not self._active:
+            return None
+        local = Path(model_dir_or_artifact_path)
+        if local.exists():
+            artifact_path = f"registered/{name}"
+            if local.is_dir():
+                self.log_artifacts(local, artifact_path)
+            else:
+                self.log_artifact(local, artifact_path)
+        else:
+            artifact_path = str(model_dir_or_artifact_path).strip("/")
+        return self._guard(self._register, artifact_path, name, alias)
+
+    def _register(self, artifact_path: str, name: str, alias: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self._client.create_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        mv = self._client.create_model_version(
+            name, source=f"runs:/{self._run_id}/{artifact_path}", run_id=self._run_id
+        )
+        if alias:
+            self._client.set_registered_model_alias(name, alias, mv.version)
+        return str(mv.version)
+
+
+# --------------------------------------------------------------------------- pipeline end
+
+
+def end_pipeline_run(
+    project_root: str | Path,
+    *,
+    status: str = "FINISHED",
+    tracking_uri: str | None = None,
+    enabled: bool = True,
+) -> str | None:
+    """End the recorded parent run (``.aiayn/pipeline_run.json``) and delete the state file.
+
+    For pipelines that stop before the last stage. Never raises for MLflow
+    failures (logs one warning). Returns the ended run id, or None when there
+    was no recorded run, tracking is off, or the state belongs to another
+    tracking URI.
+
+    Raises:
+        ValueError: ``status`` is not FINISHED, FAILED or KILLED.
+    """
+    if status not in ("FINISHED", "FAILED", "KILLED"):
+        raise ValueError(f"status must be FINISHED, FAILED or KILLED, got {status!r}")
+    root = Path(project_root).resolve()
+    state_path = root / STATE_FILE
+    state = _read_state(state_path)
+    uri = resolve_tracking_uri(root, tracking_uri)
+    if not tracking_enabled(enabled) or state is None or state.get("tracking_uri") != uri:
+        return None
+    why = _http_unreachable(uri) if uri.startswith(("http://", "https://")) else None
+    if why:
+        log.warning("MLflow tracking: could not end pipeline run %s: %s", state["run_id"], why)
+        return None
+    try:
+        from mlflow import MlflowClient
+
+        MlflowClient(tracking_uri=uri).set_terminated(state["run_id"], status=status)
+    except Exception as e:  # noqa: BLE001 - tracking must never stop the pipeline
+        log.warning("MLflow tracking: could not end pipeline run %s: %s: %s", state["run_id"], type(e).__name__, e)
+        return None
+    state_path.unlink(missing_ok=True)
+    return state["run_id"]
+

@@ -1,0 +1,383 @@
+"""aiayn.tracking against a real (temporary) SQLite MLflow store.
+
+One store per module (creating its tables costs seconds); each test uses its own
+project root, so its pipeline state file is its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aiayn import tracking
+from aiayn.tracking import STATE_FILE, Tracker, dvc_data_hashes, end_pipeline_run, git_commit, resolve_tracking_uri
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    d = tmp_path_factory.mktemp("mlflow_store")
+    return f"sqlite:///{(d / 'mlflow.db').as_posix()}", d
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("AIAYN_PARENT_RUN_ID", "AIAYN_TRACKING", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)  # anything written relative to CWD would land here
+
+
+@pytest.fixture
+def client(store: tuple[str, Path]) -> MlflowClient:
+    return MlflowClient(tracking_uri=store[0])
+
+
+def _tracker(stage: str, root: Path, store: tuple[str, Path], **kw) -> Tracker:
+    return Tracker(stage, project_root=root, tracking_uri=store[0], **kw)
+
+
+def _aiayn_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("aiayn") and r.levelno == logging.WARNING]
+
+
+# ----------------------------------------------------------------- params, metrics, artifacts
+
+
+def test_params_metrics_artifacts_land(tmp_path: Path, store, client: MlflowClient) -> None:
+    rng = random.Random(1234)
+    steps = list(range(0, 46, 2))  # 23 calls, even steps only
+    losses = [rng.uniform(1.0, 9.0) for _ in steps]
+    lrs = [rng.uniform(1e-5, 1e-3) for _ in steps]
+    (tmp_path / "spm.model").write_bytes(b"\x00sentencepiece\x01")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "a.txt").write_text("alpha")
+    (tmp_path / "ckpt" / "sub").mkdir()
+    (tmp_path / "ckpt" / "sub" / "b.txt").write_text("beta")
+
+    with _tracker("train", tmp_path, store, flush_every=5, flush_seconds=3600) as t:
+        assert t.active and t.run_id and t.parent_run_id and t.run_id != t.parent_run_id
+        t.log_params({"model": {"d_model": 512, "n_heads": 8}, "train": {"betas": [0.9, 0.98]}, "long": "x" * 7000})
+        with pytest.raises(ValueError, match="already logged"):
+            t.log_params({"model": {"d_model": 256}})
+        for i, step in enumerate(steps):
+            t.log_metrics({"train/loss": losses[i], "lr": lrs[i]}, step=step)
+            if i == 3:  # 4 calls buffered, nothing sent yet
+                assert client.get_metric_history(t.run_id, "train/loss") == []
+            if i == 4:  # 5th call triggers a batch
+                assert len(client.get_metric_history(t.run_id, "train/loss")) == 5
+        t.log_artifact(tmp_path / "spm.model", "tokenizer")
+        t.log_artifacts(tmp_path / "ckpt", "checkpoints")
+        t.set_tags({"seed": 7})
+        run_id, parent_id = t.run_id, t.parent_run_id
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.parentRunId"] == parent_id
+    assert run.data.tags["mlflow.runName"] == "train"
+    assert run.data.tags["seed"] == "7"
+    assert run.data.params["model.d_model"] == "512"
+    assert run.data.params["model.n_heads"] == "8"
+    assert run.data.params["train.betas"] == "[0.9, 0.98]"
+    assert run.data.params["long"] == "x" * 6000
+    assert client.get_run(parent_id).data.params["model.d_model"] == "512"  # train mirrors params on parent
+    assert client.get_run(parent_id).info.status == "RUNNING"  # train is not the last stage
+
+    for key, expected in (("train/loss", losses), ("lr", lrs)):
+        hist = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [m.step for m in hist] == steps
+        assert [m.value for m in hist] == pytest.approx(expected, rel=1e-12)
+
+    dst = tmp_path / "download"
+    client.download_artifacts(run_id, "", str(dst))
+    assert (dst / "tokenizer" / "spm.model").read_bytes() == b"\x00sentencepiece\x01"
+    assert (dst / "checkpoints" / "a.txt").read_text() == "alpha"
+    assert (dst / "checkpoints" / "sub" / "b.txt").read_text() == "beta"
+    # SQLite store: artifacts live beside the database, never in the CWD.
+    stored = list((store[1] / "mlruns").rglob("spm.model"))
+    assert len(stored) == 1 and run_id in stored[0].as_posix()
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_time_based_flush_and_bad_metrics(tmp_path: Path, store, client: MlflowClient) -> None:
+    with _tracker("tokenize", tmp_path, store, flush_every=1000, flush_seconds=0.0) as t:
+        t.log_metrics({"vocab_size": 8000}, step=0)
+        assert [m.value for m in client.get_metric_history(t.run_id, "vocab_size")] == [8000.0]
+        with pytest.raises(ValueError, match="not a number"):
+            t.log_metrics({"loss": "abc"}, step=1)
+        with pytest.raises(ValueError, match="bleu\\(test\\)"):
+            t.log_metrics({"bleu(test)": 1.0}, step=1)
+        with pytest.raises(ValueError, match="step"):
+            t.log_metrics({"loss": 1.0}, step=-1)
+        with pytest.raises(FileNotFoundError):
+            t.log_artifact(tmp_path / "missing.bin")
+        assert t.active  # caller errors do not disable tracking
+
+
+# ----------------------------------------------------------------- nesting and status
+
+
+def test_train_then_evaluate_share_one_parent(tmp_path: Path, store, client: MlflowClient) -> None:
+    with _tracker("train", tmp_path, store) as t:
+        t.log_metrics({"train/loss": 2.0}, step=1)
+        train_id, parent_id = t.run_id, t.parent_run_id
+    assert (tmp_path / STATE_FILE).is_file()
+    with _tracker("evaluate", tmp_path, store) as e:
+        e.log_metrics({"bleu": 31.5}, step=0, parent=True)
+        eval_id = e.run_id
+        assert e.parent_run_id == parent_id
+
+    children = client.search_runs(
+        [client.get_run(parent_id).info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'"
+    )
+    assert {r.info.run_id for r in children} == {train_id, eval_id}
+    assert {r.data.tags["aiayn.stage"] for r in children} == {"train", "evaluate"}
+    assert all(r.info.status == "FINISHED" for r in children)
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED"  # evaluate (last stage) ends the pipeline run
+    assert parent.data.metrics["bleu"] == 31.5
+    assert not (tmp_path / STATE_FILE).exists()
+
+    with _tracker("train", tmp_path, store) as t2:  # a new pipeline run
+        assert t2.parent_run_id != parent_id
+
+
+def test_repeated_stage_starts_new_pipeline_run(tmp_path: Path, store, client: MlflowClient) -> None:
+    with _tracker("prepare", tmp_path, store) as p:
+        first_parent = p.parent_run_id
+    with _tracker("train", tmp_path, store) as t:
+        assert t.parent_run_id == first_parent  # prepare -> train: same pipeline run
+    with _tracker("train", tmp_path, store) as t2:
+        assert t2.parent_run_id != first_parent
+    assert client.get_run(first_parent).info.status == "FINISHED"  # superseded, nothing failed
+
+
+def test_failing_block_marks_child_failed(tmp_path: Path, store, client: MlflowClient) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        with _tracker("train", tmp_path, store) as t:
+            t.log_metrics({"train/loss": 3.0}, step=5)
+            run_id, parent_id = t.run_id, t.parent_run_id
+            raise RuntimeError("boom")
+    assert client.get_run(run_id).info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [5]  # flushed on failure
+    assert client.get_run(parent_id).info.status == "RUNNING"
+    assert end_pipeline_run(tmp_path, status="FAILED", tracking_uri=store[0]) == parent_id
+    assert client.get_run(parent_id).info.status == "FAILED"
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_env_parent_is_used_and_never_ended(tmp_path: Path, store, client: MlflowClient, monkeypatch) -> None:
+    exp_id = client.create_experiment(f"orchestrated-{tmp_path.name}")
+    parent_id = client.create_run(exp_id, run_name="flow").info.run_id
+    monkeypatch.setenv("AIAYN_PARENT_RUN_ID", parent_id)
+    with _tracker("evaluate", tmp_path, store) as e:
+        run_id = e.run_id
+        assert e.parent_run_id == parent_id
+    run = client.get_run(run_id)
+    assert run.info.experiment_id == exp_id
+    assert run.data.tags["mlflow.parentRunId"] == parent_id
+    assert client.get_run(parent_id).info.status == "RUNNING"  # the orchestrator owns it
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+# ----------------------------------------------------------------- registry, url
+
+
+def test_register_model_with_alias(tmp_path: Path, store, client: MlflowClient) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "model.safetensors").write_bytes(b"weights")
+    name = f"aiayn-{tmp_path.name}"
+    with _tracker("export", tmp_path, store) as t:
+        v1 = t.register_model(bundle, name, alias="champion")
+        v2 = t.register_model(f"registered/{name}", name, alias="champion")  # already-logged artifact path
+        run_id = t.run_id
+    assert (v1, v2) == ("1", "2")
+    mv = client.get_model_version_by_alias(name, "champion")
+    assert mv.version == "2" and mv.run_id == run_id
+    assert mv.source == f"runs:/{run_id}/registered/{name}"
+    dst = tmp_path / "dl"
+    client.download_artifacts(run_id, f"registered/{name}", str(dst))
+    assert (dst / name / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_run_url(tmp_path: Path, store) -> None:
+    with _tracker("prepare", tmp_path, store) as t:
+        url = t.run_url()
+        assert url.startswith(f"mlflow ui --backend-store-uri {store[0]}") and t.run_id in url
+    assert t.run_url() is None  # after exit
+
+
+def test_default_tracking_uri(tmp_path: Path, monkeypatch) -> None:
+    assert resolve_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve().as_posix()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert resolve_tracking_uri(tmp_path) == "http://mlflow:5000"
+    assert resolve_tracking_uri(tmp_path, "sqlite:///x.db") == "sqlite:///x.db"
+
+
+# ----------------------------------------------------------------- failure, disabled
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_warns_once_and_goes_on(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.WARNING)
+    (tmp_path / "f.txt").write_text("x")
+    start = time.monotonic()
+    with Tracker("train", project_root=tmp_path, tracking_uri=f"http://127.0.0.1:{_closed_port()}") as t:
+        t.log_params({"a": 1})
+        for step in range(20):
+            t.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        t.log_artifact(tmp_path / "f.txt")
+        t.set_tags({"k": "v"})
+        assert t.register_model(tmp_path / "f.txt", "m") is None
+        assert t.run_id is None and t.parent_run_id is None and t.run_url() is None
+    assert time.monotonic() - start < 10.0
+    warnings = _aiayn_warnings(caplog)
+    assert len(warnings) == 1
+    assert "disabled" in warnings[0].getMessage() and "unreachable" in warnings[0].getMessage()
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_mlflow_error_midrun_disables_once(tmp_path: Path, store, client, caplog, monkeypatch) -> None:
+    caplog.set_level(logging.WARNING)
+    with _tracker("train", tmp_path, store, flush_every=1) as t:
+        t.log_metrics({"loss": 1.0}, step=0)
+        run_id = t.run_id
+
+        def broken(*args, **kwargs):
+            raise ConnectionError("store went away")
+
+        monkeypatch.setattr(t._client, "log_batch", broken)
+        for step in range(1, 5):
+            t.log_metrics({"loss": 1.0}, step=step)  # must not raise
+        t.log_params({"b": 2})
+        assert not t.active
+    warnings = _aiayn_warnings(caplog)
+    assert len(warnings) == 1 and "store went away" in warnings[0].getMessage()
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0]
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_disabled_tracker_does_nothing(tmp_path: Path, monkeypatch, how: str) -> None:
+    db = tmp_path / "never.db"
+    kw = {"enabled": False} if how == "argument" else {}
+    if how == "env":
+        monkeypatch.setenv("AIAYN_TRACKING", "0")
+    (tmp_path / "f.txt").write_text("x")
+    with Tracker("train", project_root=tmp_path, tracking_uri=f"sqlite:///{db}", **kw) as t:
+        t.log_params({"a": 1})
+        t.log_metrics({"loss": 1.0}, step=0)
+        t.log_artifact(tmp_path / "f.txt")
+        assert t.register_model(tmp_path / "f.txt", "m") is None
+        assert not t.active and t.run_id is None and t.run_url() is None
+    assert not db.exists()
+    assert not (tmp_path / STATE_FILE).exists() and not (tmp_path / "mlruns").exists()
+
+
+# ----------------------------------------------------------------- helpers
+
+
+DVC_LOCK = """\
+schema: '2.0'
+stages:
+  prepare:
+    cmd: python -m aiayn prepare
+    deps:
+    - path: data/multi30k
+      hash: md5
+      md5: 1111aaaa.dir
+      size: 100
+      nfiles: 6
+    - path: src/aiayn/stages/prepare.py
+      hash: md5
+      md5: 2222bbbb
+    params:
+      params.yaml:
+        data.min_len: 1
+    outs:
+    - path: artifacts/prepared
+      hash: md5
+      md5: 3333cccc.dir
+  tokenize:
+    cmd: python -m aiayn tokenize
+    deps:
+    - path: artifacts/prepared
+      hash: md5
+      md5: 3333cccc.dir
+    - path: https://example.com/remote.txt
+      etag: abc
+    outs:
+    - path: ./artifacts/tokenized
+      hash: md5
+      md5: 4444dddd.dir
+"""
+
+DATA_DVC = """\
+outs:
+- md5: 5555eeee.dir
+  size: 123
+  nfiles: 7
+  hash: md5
+  path: data/multi30k
+"""
+
+
+def test_dvc_data_hashes(tmp_path: Path) -> None:
+    assert dvc_data_hashes(tmp_path) == {}
+    (tmp_path / "dvc.lock").write_text(DVC_LOCK)
+    (tmp_path / "data.dvc").write_text(DATA_DVC)
+    assert dvc_data_hashes(tmp_path) == {
+        "data/multi30k": "5555eeee.dir",  # data.dvc (an out) wins over the lock's dep entry
+        "src/aiayn/stages/prepare.py": "2222bbbb",
+        "artifacts/prepared": "3333cccc.dir",
+        "artifacts/tokenized": "4444dddd.dir",
+    }
+    (tmp_path / "dvc.lock").write_text("stages: [unclosed\n")
+    with pytest.raises(ValueError, match="dvc.lock"):
+        dvc_data_hashes(tmp_path)
+
+
+def test_data_hashes_become_tags(tmp_path: Path, store, client: MlflowClient) -> None:
+    (tmp_path / "dvc.lock").write_text(DVC_LOCK)
+    with _tracker("train", tmp_path, store) as t:
+        run_id, parent_id = t.run_id, t.parent_run_id
+    for rid in (run_id, parent_id):
+        tags = client.get_run(rid).data.tags
+        assert tags["data_hash.artifacts/prepared"] == "3333cccc.dir"
+        assert tags["data_hash.data/multi30k"] == "1111aaaa.dir"
+        assert tags["git.dirty"] == "false" and "git.commit" not in tags  # tmp_path is no git repo
+
+
+def test_git_commit(tmp_path: Path) -> None:
+    assert git_commit(tmp_path) == (None, False)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    (tmp_path / "a.txt").write_text("1")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = (tmp_path / ".git" / "refs" / "heads" / "main").read_text().strip()
+    assert git_commit(tmp_path) == (head, False)
+    (tmp_path / "untracked.txt").write_text("u")
+    assert git_commit(tmp_path) == (head, False)  # untracked files do not count
+    (tmp_path / "a.txt").write_text("2")
+    assert git_commit(tmp_path) == (head, True)
+
+
+def test_import_is_lazy() -> None:
+    code = "import sys, aiayn.tracking; print('mlflow' in sys.modules, 'dvc' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"]
+    assert tracking.__name__ == "aiayn.tracking"

@@ -1,0 +1,224 @@
+"""Training core: loss, schedule, seeded order, bitwise reproducibility, exact resume, checkpoint integrity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from aiayn.batching import EpochBatchIterator, make_batches
+from aiayn.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from aiayn.config import PAD_ID, ModelConfig, TrainConfig
+from aiayn.tokenizer import EncodedSplit
+from aiayn.train import inverse_sqrt_lr, label_smoothed_cross_entropy, train
+
+VOCAB = 40
+MODEL = ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1, attention_backend="sdpa")
+
+
+def synthetic_split(n: int = 48, seed: int = 0) -> EncodedSplit:
+    """Random pairs (lengths 2..10, ids 4..VOCAB-1: no special ids) with a learnable mapping."""
+    rng = np.random.default_rng(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        s = rng.integers(4, VOCAB, size=int(rng.integers(2, 11)))
+        src.append(s)
+        tgt.append(((s * 7) % (VOCAB - 4) + 4)[: max(1, len(s) - int(rng.integers(0, 2)))])
+
+    def pack(seqs):
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(x) for x in seqs])
+        return np.concatenate(seqs).astype(np.int32), offsets
+
+    s_ids, s_off = pack(src)
+    t_ids, t_off = pack(tgt)
+    return EncodedSplit(src_ids=s_ids, src_offsets=s_off, tgt_ids=t_ids, tgt_offsets=t_off)
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(seed=3, data_seed=5, max_steps=12, max_tokens=64, warmup_steps=4, lr_scale=2.0, validate_every=1000,
+                checkpoint_every=1000, keep_checkpoints=3, average_last=2, log_every=1)
+    return TrainConfig(**(base | kw))
+
+
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs (max |diff| {(a[k] - b[k]).abs().max().item():.3g})"
+
+
+# --- loss and schedule -------------------------------------------------------------------------------------
+
+
+def test_label_smoothed_loss_matches_formula_and_ignores_pad():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    target = torch.tensor([[4, 5, 6, PAD_ID, PAD_ID], [7, 8, 9, 10, 3]])
+    eps = 0.1
+    loss, nll, n = label_smoothed_cross_entropy(logits, target, label_smoothing=eps)
+    lprobs = torch.log_softmax(logits.double(), -1)
+    mask = target != PAD_ID
+    want_nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].sum()
+    want = (1 - eps) * want_nll + eps * (-lprobs.mean(-1))[mask].sum()
+    assert n == 8
+    assert math.isclose(float(nll), float(want_nll), rel_tol=1e-5)
+    assert math.isclose(float(loss), float(want), rel_tol=1e-5)
+
+
+def test_appending_pad_tokens_leaves_loss_unchanged():
+    """Extra PAD columns (and a PAD-only row) change neither loss nor token count."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 4, 9)
+    target = torch.tensor([[4, 5, 6, 3], [7, 3, PAD_ID, PAD_ID]])
+    padded_logits = torch.cat([logits, torch.randn(2, 3, 9)], dim=1)
+    padded_target = torch.cat([target, torch.full((2, 3), PAD_ID)], dim=1)
+    padded_logits = torch.cat([padded_logits, torch.randn(1, 7, 9)], dim=0)
+    padded_target = torch.cat([padded_target, torch.full((1, 7), PAD_ID)], dim=0)
+    a = label_smoothed_cross_entropy(logits, target, label_smoothing=0.1)
+    b = label_smoothed_cross_entropy(padded_logits, padded_target, label_smoothing=0.1)
+    assert a[2] == b[2] == 6
+    assert torch.allclose(a[0], b[0]) and torch.allclose(a[1], b[1])
+
+
+def test_inverse_sqrt_schedule_is_paper_eq3():
+    d, w = 512, 4000
+    assert math.isclose(inverse_sqrt_lr(w, d_model=d, warmup_steps=w), d**-0.5 * w**-0.5)
+    assert math.isclose(inverse_sqrt_lr(100, d_model=d, warmup_steps=w), d**-0.5 * 100 * w**-1.5)
+    assert math.isclose(inverse_sqrt_lr(16000, d_model=d, warmup_steps=w), d**-0.5 * 16000**-0.5)
+    peak = max(range(1, 20000, 7), key=lambda s: inverse_sqrt_lr(s, d_model=d, warmup_steps=w))
+    assert abs(peak - w) <= 7
+
+
+# --- data order ------------------------------------------------------------------------------------------
+
+
+def test_batches_respect_max_tokens_and_cover_every_pair_once():
+    split = synthetic_split(100)
+    batches = make_batches(split.src_lengths, split.tgt_lengths, 50, data_seed=1, epoch=1)
+    seen = np.concatenate(batches)
+    assert sorted(seen.tolist()) == list(range(100))
+    for b in batches:
+        width = int(np.maximum(split.src_lengths[b], split.tgt_lengths[b]).max()) + 1
+        assert len(b) * width <= 50
+
+
+def test_order_is_pure_function_of_seed_and_epoch():
+    split = synthetic_split(100)
+    args = (split.src_lengths, split.tgt_lengths, 50)
+    same = [make_batches(*args, data_seed=1, epoch=2) for _ in range(2)]
+    assert all(np.array_equal(x, y) for x, y in zip(*same))
+    other_epoch = make_batches(*args, data_seed=1, epoch=3)
+    other_seed = make_batches(*args, data_seed=2, epoch=2)
+    assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(same[0], other_epoch))
+    assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(same[0], other_seed))
+
+
+def test_iterator_state_fast_forwards_to_the_same_batch():
+    split = synthetic_split(60)
+    it = EpochBatchIterator(split, max_tokens=64, data_seed=9)
+    stream = [it.next_batch().indices for _ in range(25)]  # crosses at least one epoch boundary
+    assert it.epoch >= 2
+    for k in (0, 7, 13, 24):
+        it2 = EpochBatchIterator(split, max_tokens=64, data_seed=9)
+        for _ in range(k):
+            it2.next_batch()
+        it3 = EpochBatchIterator(split, max_tokens=64, data_seed=9)
+        it3.load_state_dict(it2.state_dict())
+        assert np.array_equal(it3.next_batch().indices, stream[k])
+
+
+def test_oversized_pair_is_rejected_with_its_index():
+    split = synthetic_split(10)
+    with pytest.raises(ValueError, match="more than max_tokens=5"):
+        make_batches(split.src_lengths, split.tgt_lengths, 5, data_seed=1, epoch=1)
+
+
+# --- reproducibility and resume ------------------------------------------------------------------------------
+
+
+def test_same_seeds_give_bitwise_identical_weights(tmp_path):
+    split = synthetic_split()
+    a = train(MODEL, cfg(), split, None, tmp_path / "a")
+    b = train(MODEL, cfg(), split, None, tmp_path / "b")
+    assert a.step == b.step == 12
+    assert a.losses == b.losses
+    assert_bitwise_equal(weights(a.model), weights(b.model))
+    c = train(MODEL, cfg(seed=4), split, None, tmp_path / "c")
+    assert any(not torch.equal(x, y) for x, y in zip(weights(a.model).values(), weights(c.model).values()))
+
+
+def test_data_seed_changes_order_but_not_initial_weights(tmp_path):
+    split = synthetic_split()
+    a = train(MODEL, cfg(max_steps=0), split, None, tmp_path / "a")
+    b = train(MODEL, cfg(max_steps=0, data_seed=6), split, None, tmp_path / "b")
+    assert_bitwise_equal(weights(a.model), weights(b.model))
+    it_a = EpochBatchIterator(split, max_tokens=64, data_seed=5)
+    it_b = EpochBatchIterator(split, max_tokens=64, data_seed=6)
+    order_a = [it_a.next_batch().indices.tolist() for _ in range(it_a.batches_in_epoch)]
+    order_b = [it_b.next_batch().indices.tolist() for _ in range(it_b.batches_in_epoch)]
+    assert order_a != order_b
+    la = train(MODEL, cfg(max_steps=3), split, None, tmp_path / "la").losses
+    lb = train(MODEL, cfg(max_steps=3, data_seed=6), split, None, tmp_path / "lb").losses
+    assert la != lb
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_boundary"])
+def test_resume_is_bitwise_identical_to_uninterrupted_run(tmp_path, where):
+    split = synthetic_split()
+    per_epoch = EpochBatchIterator(split, max_tokens=64, data_seed=5).batches_in_epoch
+    k = per_epoch // 2 if where == "mid_epoch" else per_epoch
+    total = per_epoch + 4
+    full = train(MODEL, cfg(max_steps=total), split, None, tmp_path / "full")
+
+    first = train(MODEL, cfg(max_steps=k), split, None, tmp_path / "resumed")
+    assert first.step == k
+    state = load_checkpoint(list_checkpoints(tmp_path / "resumed")[-1])
+    expect_iter = (1, k) if where == "mid_epoch" else (1, per_epoch)
+    assert (state.iterator["epoch"], state.iterator["iterations_in_epoch"]) == expect_iter
+    torch.manual_seed(12345)  # a resumed process starts with unrelated RNG state
+    second = train(MODEL, cfg(max_steps=total), split, None, tmp_path / "resumed")
+    assert second.resumed_from == k
+    assert second.losses == full.losses  # every per-step loss, before and after the stop
+    assert_bitwise_equal(weights(second.model), weights(full.model))
+
+
+def test_changed_config_does_not_resume_foreign_checkpoints(tmp_path, caplog):
+    split = synthetic_split()
+    train(MODEL, cfg(max_steps=3), split, None, tmp_path / "ck")
+    other = train(MODEL, cfg(max_steps=3, lr_scale=1.0), split, None, tmp_path / "ck")
+    assert other.resumed_from is None
+    assert "different config" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["truncate", "tamper", "drop_json_field"])
+def test_damaged_checkpoint_is_refused(tmp_path, damage):
+    split = synthetic_split()
+    train(MODEL, cfg(max_steps=2), split, None, tmp_path / "ck")
+    json_path = list_checkpoints(tmp_path / "ck")[-1]
+    tensors = json_path.with_suffix(".safetensors")
+    if damage == "truncate":
+        tensors.write_bytes(tensors.read_bytes()[: tensors.stat().st_size // 2])
+    elif damage == "tamper":
+        data = bytearray(tensors.read_bytes())
+        data[-10] ^= 0xFF
+        tensors.write_bytes(bytes(data))
+    else:
+        json_path.write_text(json_path.read_text().replace('"format"', '"formatx"'))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(json_path)
+    with pytest.raises(CheckpointError):
+        train(MODEL, cfg(max_steps=4), split, None, tmp_path / "ck")
+
+
+def test_training_reduces_loss(tmp_path):
+    split = synthetic_split()
+    res = train(MODEL, cfg(max_steps=40), split, split, tmp_path / "ck")
+    first = np.mean([res.losses[s] for s in range(1, 6)])
+    last = np.mean([res.losses[s] for s in range(36, 41)])
+    assert last < first - 0.3
