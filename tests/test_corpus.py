@@ -53,6 +53,10 @@ def test_fetch_from_mirror_verifies_and_writes_sums(multi30k_mirror, tmp_path):
     assert sorted(os.listdir(out)) == ["SHA256SUMS", "val.de.gz", "val.en.gz"]
     # Present and verified -> skipped: a mirror that does not exist is never touched.
     fetch_corpus(out, mirror=tmp_path / "nowhere", files=["val.en.gz"])
+    # Present but corrupt -> fetched again.
+    (out / "val.en.gz").write_bytes(b"garbage")
+    fetch_corpus(out, mirror=multi30k_mirror, files=["val.en.gz"])
+    assert _sha(out / "val.en.gz") == _sha(multi30k_mirror / "val.en.gz")
 
 
 def test_fetch_stage_all_files_from_env_mirror(multi30k_mirror, tmp_path, monkeypatch):
@@ -146,9 +150,11 @@ def test_read_rejects_empty_line(tmp_path, blank):
         read_lines(path)
 
 
-def test_read_rejects_control_character(tmp_path):
-    path = _write(tmp_path / "c.en", b"fine\nbell\x07here\n")
-    with pytest.raises(CorpusError, match=re.escape(f"{path}:2:") + ".*U\\+0007"):
+@pytest.mark.parametrize("char, code", [("\x07", "U+0007"), ("\x1b", "U+001B"), ("\x85", "U+0085"),
+                                        ("\u2028", "U+2028")])
+def test_read_rejects_control_character(tmp_path, char, code):
+    path = _write(tmp_path / "c.en", f"fine\tline\nbell{char}here\n".encode("utf-8"))
+    with pytest.raises(CorpusError, match=re.escape(f"{path}:2: control character {code}") + ".*column 5"):
         read_lines(path)
 
 

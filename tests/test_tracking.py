@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from aiayn import tracking
@@ -117,6 +118,10 @@ def test_time_based_flush_and_bad_metrics(tmp_path: Path, store, client: MlflowC
             t.log_metrics({"bleu(test)": 1.0}, step=1)
         with pytest.raises(ValueError, match="step"):
             t.log_metrics({"loss": 1.0}, step=-1)
+        with pytest.raises(ValueError, match="step"):
+            t.log_metrics({"loss": 1.0}, step=1.5)
+        t.log_metrics({"loss": 0.5}, np.int64(3))  # the trainer's on_metrics(metrics, step) form
+        assert [(m.step, m.value) for m in client.get_metric_history(t.run_id, "loss")] == [(3, 0.5)]
         with pytest.raises(FileNotFoundError):
             t.log_artifact(tmp_path / "missing.bin")
         assert t.active  # caller errors do not disable tracking
@@ -202,7 +207,7 @@ def test_register_model_with_alias(tmp_path: Path, store, client: MlflowClient) 
         run_id = t.run_id
     assert (v1, v2) == ("1", "2")
     mv = client.get_model_version_by_alias(name, "champion")
-    assert mv.version == "2" and mv.run_id == run_id
+    assert str(mv.version) == "2" and mv.run_id == run_id  # int from SQLite, str over REST
     assert mv.source == f"runs:/{run_id}/registered/{name}"
     dst = tmp_path / "dl"
     client.download_artifacts(run_id, f"registered/{name}", str(dst))

@@ -109,6 +109,30 @@ def _join_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> d
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
+def _dedupe(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Drop tensors that alias another one (tied embeddings); return ``(unique, {alias: kept_name})``."""
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
+    for name in sorted(tensors):
+        t = tensors[name]
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t
+    return unique, aliases
+
+
+def _restore_aliases(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    for alias, name in aliases.items():
+        if name not in tensors:
+            raise CheckpointError(f"alias {alias!r} points at missing tensor {name!r}")
+        tensors[alias] = tensors[name]
+    return tensors
+
+
 def save_checkpoint(directory: str | Path, state: TrainState) -> Path:
     """Write ``state`` as ``ckpt_{step:08d}.{safetensors,json}``; returns the JSON path.
 
@@ -117,7 +141,8 @@ def save_checkpoint(directory: str | Path, state: TrainState) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"ckpt_{state.step:08d}"
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in state.model.items()}
+    tensors, aliases = _dedupe({f"model.{k}": v.detach() for k, v in state.model.items()})
+    tensors = {k: v.cpu().contiguous() for k, v in tensors.items()}
     opt_tensors, opt_meta = _split_optimizer(state.optimizer)
     tensors.update(opt_tensors)
     rng_json: dict[str, Any] = {}
@@ -132,6 +157,7 @@ def save_checkpoint(directory: str | Path, state: TrainState) -> Path:
     meta = {
         "format": "aiayn-checkpoint-v1",
         "step": state.step,
+        "aliases": aliases,
         "iterator": state.iterator,
         "optimizer": opt_meta,
         "rng": rng_json,
@@ -166,7 +192,7 @@ def load_checkpoint(json_path: str | Path) -> TrainState:
             f"checkpoint {tensor_path} is truncated or tampered: sha256 {actual} != recorded {meta['tensors_sha256']}"
         )
     try:
-        tensors = load_file(str(tensor_path))
+        tensors = _restore_aliases(load_file(str(tensor_path)), meta.get("aliases", {}))
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"cannot load checkpoint tensors {tensor_path}: {e}") from e
     model = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
@@ -213,15 +239,34 @@ def average_checkpoints(json_paths: list[Path]) -> dict[str, torch.Tensor]:
     return {k: (v / len(json_paths)).to(dtypes[k]) for k, v in total.items()}
 
 
-def save_model(path: str | Path, weights: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write inference weights as one safetensors file, atomically (deterministic bytes)."""
+def save_model(path: str | Path, weights: dict[str, torch.Tensor]) -> None:
+    """Write inference weights as one safetensors file, atomically (deterministic bytes).
+
+    Tensors that alias or equal another one (tied embeddings) are stored once;
+    the alias map goes into the safetensors metadata.
+    """
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name in sorted(weights):
+        t = weights[name].detach().cpu().contiguous()
+        twin = next((k for k, u in unique.items() if u.shape == t.shape and u.dtype == t.dtype and torch.equal(u, t)), None)
+        if twin is not None and t.numel() > 1:
+            aliases[name] = twin
+        else:
+            unique[name] = t
     with atomic_path(path) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp), metadata=metadata)
+        save_file(unique, str(tmp), metadata={"aliases": json.dumps(aliases, sort_keys=True)})
 
 
 def load_model_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read weights written by ``save_model``. Raises ``CheckpointError`` on a corrupt file."""
+    """Read weights written by ``save_model``. Raises ``CheckpointError`` on a missing or corrupt file."""
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types on bad headers
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+        return _restore_aliases(load_file(str(path)), aliases)
+    except CheckpointError:
+        raise
+    except Exception as e:  # safetensors raises several exception types on bad headers
         raise CheckpointError(f"cannot load model weights {path}: {e}") from e

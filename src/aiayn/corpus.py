@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -80,6 +81,10 @@ FILTER_RULES = ("too_short", "too_long", "ratio")
 _DOWNLOAD_TIMEOUT_S = 60.0
 _DOWNLOAD_ATTEMPTS = 3
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Refused inside a line: Unicode control characters (category Cc = U+0000-001F and
+#: U+007F-009F), tab excepted, and the line/paragraph separators U+2028/U+2029 (Zl, Zp),
+#: which ``str.splitlines`` would split on.
+_BAD_CHAR = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class CorpusError(ValueError):
@@ -183,7 +188,8 @@ def read_lines(path: Path) -> list[str]:
 
     Raises ``CorpusError`` naming ``path`` and the 1-based line number for:
     invalid UTF-8, an empty (or whitespace-only) line, a control character other
-    than tab (the codepoint is shown as ``U+XXXX``); and for an empty file.
+    than tab or a U+2028/U+2029 line separator (the codepoint is shown as
+    ``U+XXXX``); and for an empty file.
     """
     path = Path(path)
     try:
@@ -214,9 +220,13 @@ def read_lines(path: Path) -> list[str]:
         text = text.rstrip()
         if not text:
             raise CorpusError(f"{path}:{lineno}: empty line")
-        for col, ch in enumerate(text, 1):
-            if ch != "\t" and unicodedata.category(ch) == "Cc":
-                raise CorpusError(f"{path}:{lineno}: control character U+{ord(ch):04X} at column {col}")
+        bad = _BAD_CHAR.search(text)
+        if bad:
+            ch = bad.group()
+            raise CorpusError(
+                f"{path}:{lineno}: control character U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')}) "
+                f"at column {bad.start() + 1}"
+            )
         lines.append(unicodedata.normalize("NFC", text))
     return lines
 

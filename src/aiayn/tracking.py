@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import posixpath
 import re
 import subprocess
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -612,8 +612,11 @@ class Tracker:
         for chunk in _chunks(items, _MAX_PARAMS_TAGS_PER_BATCH):
             self._client.log_batch(run_id, params=chunk)
 
-    def log_metrics(self, metrics: Mapping[str, float], *, step: int, parent: bool = False) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int, *, parent: bool = False) -> None:
         """Buffer ``metrics`` at ``step`` (timestamped now); flushed in batches.
+
+        ``step`` may be passed positionally, so ``log_metrics`` fits the
+        trainer's ``on_metrics(metrics, step)`` callback directly.
 
         A flush (one ``MlflowClient.log_batch`` per 1000 metrics) happens every
         ``flush_every`` calls, when ``flush_seconds`` have passed since the last
@@ -624,8 +627,13 @@ class Tracker:
             ValueError: a bad key, a value that is not a real number, or a
                 negative / non-integer ``step`` (all quoted).
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        try:
+            step_i = operator.index(step)  # int, numpy or torch integer scalars
+        except TypeError:
+            step_i = -1
+        if isinstance(step, bool) or step_i < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
+        step = step_i
         values: dict[str, float] = {}
         for k, v in metrics.items():
             _check_key(k, "metric")

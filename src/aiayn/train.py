@@ -300,7 +300,7 @@ def train(
                 logits = model(b.src, b.tgt_in)  # (B, T, V)
                 loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out, label_smoothing=train_cfg.label_smoothing)
                 (loss / n_tgt).backward()
-                loss_total += float(loss)
+                loss_total += float(loss.detach())
             if train_cfg.clip_norm is not None:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.clip_norm))
             else:

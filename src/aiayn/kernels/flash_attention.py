@@ -41,7 +41,7 @@ honestly:
   IEEE fp32 dot products unless ``torch.get_float32_matmul_precision()`` allows
   TF32. No dropout, no attention bias, no dense (arbitrary) masks.
 * ``B * n_heads <= 65535`` (CUDA grid y-dimension limit).
-* Under ``TRITON_INTERPRET=1`` (CPU tests) the kernels run on numpy, one
+* Under ``TRITONINTERPRETED=1`` (CPU tests) the kernels run on numpy, one
   program at a time, with small fixed blocks and no autotuning; the
   interpreter has no bfloat16 matmul, so bf16 inputs are computed in float32
   there (the GPU path uses bf16 tensor-core dots). On CUDA the block sizes are
@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["flash_attention", "flash_attention_forward", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+__all__ = ["flash_attention", "flash_attention_forward", "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "INTERPRETED"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 128
@@ -169,9 +169,10 @@ def _attn_fwd(
     )
 
     # Epilogue: a row that saw no key has l = 0, m = -inf -> out 0, lse -inf.
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2  # natural-log units
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)  # natural-log units
     tl.store(LSE + off_hz.to(tl.int64) * q_len + offs_m, lse, mask=row_ok)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
@@ -402,7 +403,8 @@ def _attn_bwd_dq(
 
 # --------------------------------------------------------------------------- launch configuration
 
-_INTERPRET = bool(triton.knobs.runtime.interpret)  # decided when the kernels above were decorated
+# True when the kernels above were decorated under TRITON_INTERPRET=1 (numpy on CPU).
+INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 # Interpreter (CPU tests): small fixed blocks, so short sequences still cross
 # several blocks and the diagonal/tail logic is exercised; no autotuning.
@@ -453,7 +455,7 @@ def _launch(kernel, tuned, name: str, grid_rows: int, grid_cols: int, block_arg:
     Grid: ``(cdiv(grid_rows, block), grid_cols)`` where ``block`` is the
     config's ``block_arg`` (rows handled per program).
     """
-    if _INTERPRET:
+    if INTERPRETED:
         blocks = INTERPRETER_BLOCKS[name]
         kernel[(triton.cdiv(grid_rows, blocks[block_arg]), grid_cols)](*args, **kwargs, **blocks)
     else:
@@ -503,7 +505,7 @@ def _backward(do, q, k, v, out, lse, causal: bool, key_lengths, sm_scale: float)
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = torch.empty_like(lse)  # (B, n_heads, Tq) float32
-    pre_block = INTERPRETER_BLOCKS["preprocess"]["BLOCK_M"] if _INTERPRET else _PREPROCESS_BLOCK_M
+    pre_block = INTERPRETER_BLOCKS["preprocess"]["BLOCK_M"] if INTERPRETED else _PREPROCESS_BLOCK_M
     _attn_bwd_preprocess[(triton.cdiv(q_len, pre_block), batch * n_heads)](
         out, do, delta, *_strides(out), *_strides(do), n_heads, q_len,
         HEAD_DIM=head_dim, BLOCK_M=pre_block,
@@ -566,8 +568,8 @@ def _check_and_prepare(q, k, v, causal, key_lengths, sm_scale):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
-    if not _INTERPRET and q.device.type != "cuda":
-        raise ValueError(f"flash_attention needs CUDA tensors (got device {q.device}); on CPU set TRITON_INTERPRET=1")
+    if not INTERPRETED and q.device.type != "cuda":
+        raise ValueError(f"flash_attention needs CUDA tensors (got device {q.device}); on CPU set TRITONINTERPRETED=1")
     batch, n_heads, q_len, head_dim = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: k={tuple(k.shape)}, v={tuple(v.shape)}")
@@ -606,7 +608,7 @@ def _check_and_prepare(q, k, v, causal, key_lengths, sm_scale):
         raise ValueError(f"sm_scale must be finite, got {sm_scale!r}")
 
     # Interpreter: numpy has no bf16 matmul -> compute bf16 in float32 there.
-    compute_dtype = torch.float32 if (_INTERPRET and q.dtype == torch.bfloat16) else q.dtype
+    compute_dtype = torch.float32 if (INTERPRETED and q.dtype == torch.bfloat16) else q.dtype
     kernel_dim = max(16, triton.next_power_of_2(head_dim))
     prepared = []
     for t in (q, k, v):

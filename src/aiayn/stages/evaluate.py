@@ -13,20 +13,16 @@ import time
 from typing import Any
 
 from aiayn.config import Params
+from aiayn.corpus import read_lines
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 from aiayn.scoring import score
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker
 from aiayn.translate import DecodeOptions, Translator
 
-__all__ = ["run", "read_lines"]
+__all__ = ["run"]
 
 log = logging.getLogger("aiayn")
-
-
-def read_lines(path) -> list[str]:
-    """Lines of a UTF-8 text file without their newlines."""
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 def run(params: Params, layout: Layout) -> dict[str, Any]:

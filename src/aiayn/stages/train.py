@@ -22,7 +22,7 @@ from typing import Any
 from aiayn.config import Params
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.stages import Layout
-from aiayn.tokenizer import Tokenizer, load_encoded
+from aiayn.tokenizer import Tokenizer, encoded_files, load_encoded
 from aiayn.tracking import Tracker
 from aiayn.train import averaged_weights, train, validation_loss
 
@@ -31,8 +31,8 @@ __all__ = ["run"]
 log = logging.getLogger("aiayn")
 
 
-def _data_id(layout: Layout) -> str:
-    files = ["spm.model", "train.src.ids.npy", "train.tgt.ids.npy", "train.src.offsets.npy", "train.tgt.offsets.npy"]
+def _data_id(layout: Layout, split: str) -> str:
+    files = ["spm.model", *(p.name for p in encoded_files(layout.tokenized, split))]
     return ",".join(sha256_file(layout.tokenized / f)[:16] for f in files)
 
 
@@ -80,8 +80,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         raise FileNotFoundError(f"{spm_path} not found: run the tokenize stage first")
     tokenizer = Tokenizer.load(spm_path)
     model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
-    train_split = load_encoded(layout.tokenized, "train")
-    valid_split = load_encoded(layout.tokenized, params.data.valid_split)
+    train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
+    valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
 
     with Tracker("train", project_root=layout.root) as tracker:
         tracker.log_params(params.to_flat_dict() | {"model.vocab_size": model_cfg.vocab_size})
@@ -89,7 +89,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         with _Progress(cfg.max_steps, cfg.log_every) as progress:
             result = train(
                 model_cfg, cfg, train_split, valid_split, layout.checkpoints,
-                data_id=_data_id(layout), on_metrics=tracker.log_metrics, on_step=progress,
+                data_id=_data_id(layout, params.data.train_split), on_metrics=tracker.log_metrics, on_step=progress,
             )
         if result.stopped_by == "signal":
             raise InterruptedError(

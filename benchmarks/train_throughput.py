@@ -1,0 +1,130 @@
+"""Training throughput of aiayn's Transformer vs ``torch.nn.Transformer``, same dims, same batches.
+
+Both models get the same length-bucketed batches (real Multi30k token lengths
+when ``artifacts/tokenized`` exists, else Multi30k-shaped synthetic ones), the
+same loss (label-smoothed CE) and the same optimizer (Adam). The two are run in
+alternating rounds in one process so machine noise hits both alike; the table
+reports medians and the ratio ours / reference.
+
+    python benchmarks/train_throughput.py [--preset tiny] [--steps 20] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from aiayn.batching import collate, make_batches
+from aiayn.config import PAD_ID, model_preset
+from aiayn.model import Transformer
+from aiayn.tokenizer import EncodedSplit, load_encoded
+from aiayn.train import label_smoothed_cross_entropy
+
+
+class TorchReference(nn.Module):
+    """``torch.nn.Transformer`` with tied embeddings scaled by sqrt(d_model) and sinusoidal positions."""
+
+    def __init__(self, vocab_size: int, d_model: int, n_heads: int, d_ff: int, n_layers: int, dropout: float) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
+        self.core = nn.Transformer(d_model, n_heads, n_layers, n_layers, d_ff, dropout, batch_first=True)
+        pos = torch.arange(1024).unsqueeze(1)
+        div = torch.exp(torch.arange(0, d_model, 2) * (-np.log(10000.0) / d_model))
+        pe = torch.zeros(1024, d_model)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+        self.register_buffer("pe", pe)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        def emb(x: torch.Tensor) -> torch.Tensor:
+            return self.embed(x) * self.d_model**0.5 + self.pe[: x.size(1)]
+
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1))
+        h = self.core(emb(src), emb(tgt_in), tgt_mask=causal, tgt_is_causal=True,
+                      src_key_padding_mask=src == PAD_ID, tgt_key_padding_mask=tgt_in == PAD_ID,
+                      memory_key_padding_mask=src == PAD_ID)
+        return h @ self.embed.weight.T  # (B, T, V)
+
+
+def synthetic_multi30k(n: int, vocab: int, seed: int = 0) -> EncodedSplit:
+    rng = np.random.default_rng(seed)
+    src_len = np.clip(rng.normal(15, 5, n).astype(int), 3, 45)
+    tgt_len = np.clip((src_len * rng.normal(1.1, 0.15, n)).astype(int), 3, 50)
+
+    def pack(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return rng.integers(4, vocab, int(offsets[-1])).astype(np.int32), offsets
+
+    (s, so), (t, to) = pack(src_len), pack(tgt_len)
+    return EncodedSplit(src_ids=s, src_offsets=so, tgt_ids=t, tgt_offsets=to)
+
+
+def run_steps(model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> tuple[float, int]:
+    model.train()
+    tokens = 0
+    t0 = time.perf_counter()
+    for b in batches:
+        opt.zero_grad(set_to_none=True)
+        loss, _, n = label_smoothed_cross_entropy(model(b.src, b.tgt_in), b.tgt_out, label_smoothing=0.1)
+        (loss / n).backward()
+        opt.step()
+        tokens += b.n_tgt_tokens
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--vocab-size", type=int, default=8000)
+    ap.add_argument("--max-tokens", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=20, help="batches per timed round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokenized", type=Path, default=Path("artifacts/tokenized"))
+    args = ap.parse_args()
+
+    if (args.tokenized / "train.src.ids.npy").exists():
+        split, source = load_encoded(args.tokenized, "train"), f"Multi30k train ({args.tokenized})"
+        args.vocab_size = int(max(split.src_ids.max(), split.tgt_ids.max())) + 1
+    else:
+        split, source = synthetic_multi30k(29000, args.vocab_size), "synthetic, Multi30k-shaped lengths"
+    cfg = model_preset(args.preset, vocab_size=args.vocab_size, attention_backend="sdpa")
+    order = make_batches(split.src_lengths, split.tgt_lengths, args.max_tokens, data_seed=1, epoch=1)
+    batches = [collate(split, idx) for idx in order[: args.steps]]
+    warm = [collate(split, idx) for idx in order[args.steps: args.steps + 3]]
+
+    torch.manual_seed(0)
+    ours = Transformer(cfg)
+    torch.manual_seed(0)
+    ref = TorchReference(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.dropout)
+    models = {"aiayn Transformer": ours, "torch.nn.Transformer": ref}
+    opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9) for k, m in models.items()}
+    for k, m in models.items():
+        run_steps(m, warm, opts[k])
+    rates: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(args.rounds):
+        for k, m in models.items():
+            seconds, tokens = run_steps(m, batches, opts[k])
+            rates[k].append(tokens / seconds)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    base = med["torch.nn.Transformer"]
+    print(f"preset={args.preset} d_model={cfg.d_model} n_heads={cfg.n_heads} d_ff={cfg.d_ff} n_layers={cfg.n_layers} "
+          f"vocab={cfg.vocab_size} max_tokens={args.max_tokens}; data: {source}; "
+          f"{args.steps} steps x {args.rounds} rounds; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}")
+    print()
+    print("| model | params | target tokens/s (median) | rounds | ratio vs torch.nn.Transformer |")
+    print("|---|---|---|---|---|")
+    for k, m in models.items():
+        n = sum(p.numel() for p in m.parameters())
+        print(f"| {k} | {n / 1e6:.2f}M | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r in rates[k])} | {med[k] / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

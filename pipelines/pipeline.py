@@ -1,0 +1,249 @@
+"""The ``pipeline`` flow: fetch -> ``dvc repro`` -> ``dvc push`` -> markdown report.
+
+One run of this flow is one pipeline run:
+
+1. **Tracking**: opens an MLflow record through ``aiayn.tracking.Tracker``
+   (child run ``orchestrate`` under a fresh parent run) and exports the parent's id as
+   ``AIAYN_PARENT_RUN_ID``, so every stage's tracker nests under the same parent. The
+   parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
+   pipeline: when MLflow is unreachable the tracker disables itself (one warning).
+2. **Fetch** (``io_task``, retried on transient I/O errors): makes sure the verified raw
+   corpus is in ``data/multi30k`` (files already there with the right hash are kept).
+3. **Reproduce**: ``dvc.repo.Repo(root).reproduce()``, so DVC alone decides what is
+   stale. Each ``dvc.yaml`` cmd (``python -m pipelines.stage <name>``) runs its stage
+   flow, reported to the same Prefect API as this flow (``PREFECT_API_URL`` exported),
+   tagged ``pipeline-run:<flow run id>``; the venv's ``bin`` is put first on ``PATH``
+   so ``python`` is this interpreter. A failed stage fails this flow with
+   ``StageFailedError`` carrying the stage's own message.
+4. **Push** (``io_task``, retried on ``OSError`` and DVC upload errors): ``Repo.push()``
+   to the default DVC remote. A project without a remote is *reported, not fatal*: the
+   report says "not pushed" with DVC's reason. (The project's ``.dvc/config`` is where a
+   remote belongs, e.g. ``dvc remote add -d local ../.dvc-remote``; this flow never edits it.)
+5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``): BLEU / chrF /
+   lowercased-tokenized BLEU per test set with their sacreBLEU signatures
+   (``artifacts/eval_metrics.json``, ``artifacts/eval/scores.json``), the MLflow run
+   link, the raw data hash (``data.dvc`` / ``dvc.lock``), the stages DVC ran and the push result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_client, get_run_logger, runtime, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from aiayn.stages import Layout
+from aiayn.tracking import Tracker, dvc_data_hashes
+from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task
+from pipelines.stage import ERROR_FILE_ENV, PIPELINE_RUN_ENV
+
+__all__ = ["pipeline", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
+
+#: Key of the markdown artifact (Prefect UI -> Artifacts); lowercase letters, digits, dashes.
+REPORT_KEY = "aiayn-pipeline-report"
+
+#: Environment variable the stage trackers read to nest under this run's MLflow parent.
+PARENT_RUN_ENV = "AIAYN_PARENT_RUN_ID"
+
+
+class StageFailedError(RuntimeError):
+    """A ``dvc repro`` stage failed; the message carries the stage's own error."""
+
+
+def _upload_error() -> tuple[type[BaseException], ...]:
+    from dvc.exceptions import UploadError
+
+    return (UploadError,)
+
+
+@contextmanager
+def _environ(updates: dict[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables inside the block; restore them after."""
+    old = {k: os.environ.get(k) for k in updates}
+    try:
+        for k, v in updates.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _prefect_api_url() -> str:
+    """URL of the Prefect API this flow reports to (a server, or the temporary local one)."""
+    with get_client(sync_client=True) as client:
+        return str(client.api_url).rstrip("/")
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@task(name="dvc-repro", cache_policy=NO_CACHE, persist_result=False)
+def dvc_repro(root: str, env: dict[str, str | None]) -> list[str]:
+    """Run ``dvc repro`` in ``root`` with ``env`` exported; return the stages DVC ran (never retried)."""
+    from dvc.exceptions import ReproductionError
+    from dvc.repo import Repo
+
+    logger = get_run_logger()
+    with tempfile.TemporaryDirectory(prefix="aiayn-repro-") as tmp:
+        error_file = Path(tmp) / "stage-error.txt"
+        with _environ({**env, ERROR_FILE_ENV: str(error_file)}):
+            try:
+                with Repo(root) as repo:
+                    stages = repo.reproduce()
+            except ReproductionError as e:
+                stage_message = error_file.read_text(encoding="utf-8").strip() if error_file.exists() else ""
+                cause = f"{e}: {e.__cause__}" if e.__cause__ else str(e)
+                raise StageFailedError(f"{stage_message} ({cause})" if stage_message else cause) from e
+    ran = [stage.addressing for stage in stages]
+    logger.info("dvc repro ran: %s", ", ".join(ran) if ran else "nothing (all stages up to date)")
+    return ran
+
+
+@io_task(name="dvc-push", transient=TRANSIENT_ERRORS + _upload_error())
+def dvc_push(root: str) -> dict[str, Any]:
+    """Push DVC-tracked data and outputs to the default remote; a missing remote is reported, not raised."""
+    from dvc.config import NoRemoteError
+    from dvc.repo import Repo
+
+    logger = get_run_logger()
+    with Repo(root) as repo:
+        remote = repo.config["core"].get("remote")
+        try:
+            pushed = repo.push()
+        except NoRemoteError as e:
+            logger.warning("not pushed: %s", e)
+            return {"pushed": None, "remote": None, "reason": str(e).strip()}
+    logger.info("pushed %d file(s) to DVC remote %r", pushed, remote)
+    return {"pushed": pushed, "remote": remote, "reason": None}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from e
+
+
+def render_report(
+    *,
+    metrics: dict[str, dict[str, float]] | None,
+    scores: dict[str, Any] | None,
+    data_hashes: dict[str, str],
+    mlflow_link: str | None,
+    ran: list[str],
+    push: dict[str, Any] | None,
+    title: str = "aiayn pipeline run",
+) -> str:
+    """Markdown for the pipeline report (pure function of its inputs).
+
+    ``metrics``: ``{split: {"bleu", "chrf", "bleu_lc_tok"}}`` (0-100, sacreBLEU);
+    ``scores``: ``artifacts/eval/scores.json`` (``{split: {..., "bleu_signature", ...}}``);
+    ``data_hashes``: ``{path: dvc md5}``; ``push``: the ``dvc_push`` result or None (skipped).
+    """
+    lines = [f"# {title}", ""]
+    if metrics:
+        lines += ["| test set | BLEU | chrF | BLEU (lc, tok) |", "|---|---:|---:|---:|"]
+        for split, m in metrics.items():
+            lines.append(f"| {split} | {m['bleu']:.2f} | {m['chrf']:.2f} | {m['bleu_lc_tok']:.2f} |")
+        signatures: dict[str, str] = {}
+        for split in metrics:
+            entry = (scores or {}).get(split) or {}
+            for name in ("bleu", "chrf", "bleu_lc_tok"):
+                if sig := entry.get(f"{name}_signature"):
+                    signatures.setdefault(name, sig)
+        if signatures:
+            lines += ["", "sacreBLEU signatures:", ""]
+            lines += [f"- {name}: `{sig}`" for name, sig in signatures.items()]
+    else:
+        lines.append("No evaluation metrics (artifacts/eval_metrics.json missing).")
+    lines += ["", "## Provenance", ""]
+    lines.append(f"- MLflow run: {mlflow_link}" if mlflow_link else "- MLflow run: not tracked (tracking off or unreachable)")
+    raw = {p: h for p, h in data_hashes.items() if p == "data" or p.startswith("data/")}
+    if raw:
+        lines += [f"- data `{p}`: md5 `{h}`" for p, h in sorted(raw.items())]
+    else:
+        lines.append("- data: no DVC hash yet (no data.dvc and no dvc.lock entry under data/)")
+    lines.append(f"- DVC reproduced: {', '.join(ran)}" if ran else "- DVC reproduced: nothing (all stages up to date)")
+    if push is None:
+        lines.append("- DVC remote: push skipped")
+    elif push.get("pushed") is None:
+        lines.append(f"- DVC remote: not pushed ({push.get('reason')})")
+    else:
+        lines.append(f"- DVC remote `{push['remote']}`: pushed {push['pushed']} file(s)")
+    return "\n".join(lines) + "\n"
+
+
+@task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
+def publish_report(markdown: str) -> str:
+    """Publish ``markdown`` as the Prefect artifact ``aiayn-pipeline-report``; return its id."""
+    artifact_id = create_markdown_artifact(
+        markdown=markdown, key=REPORT_KEY, description="BLEU/chrF per test set, MLflow run, data hash"
+    )
+    return str(artifact_id)
+
+
+# --------------------------------------------------------------------------- flow
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> dict[str, Any]:
+    """Fetch, ``dvc repro``, ``dvc push`` and publish the markdown report for the project at ``root``."""
+    root_path = Path(root).resolve()
+    layout = Layout(root_path)
+    with Tracker("orchestrate", project_root=root_path, end_pipeline=True) as tracker:
+        tracker.set_tags({"prefect.flow_run_id": str(runtime.flow_run.id)})
+        fetch_corpus(layout, mirror)
+        env: dict[str, str | None] = {
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "PREFECT_API_URL": _prefect_api_url(),
+            PIPELINE_RUN_ENV: str(runtime.flow_run.id),
+            PARENT_RUN_ENV: tracker.parent_run_id,
+            "DVC_NO_ANALYTICS": "1",
+        }
+        ran = dvc_repro(str(root_path), env)
+        pushed = dvc_push(str(root_path)) if push else None
+
+        mlflow_link = None
+        if tracker.run_id and tracker.parent_run_id and (url := tracker.run_url()):
+            mlflow_link = url.replace(tracker.run_id, tracker.parent_run_id)  # the parent run's page
+        markdown = render_report(
+            metrics=_read_json(layout.eval_metrics),
+            scores=_read_json(layout.eval / "scores.json"),
+            data_hashes=dvc_data_hashes(root_path),
+            mlflow_link=mlflow_link,
+            ran=ran,
+            push=pushed,
+            title=f"aiayn pipeline run {runtime.flow_run.name}",
+        )
+        artifact_id = publish_report(markdown)
+        parent_run_id = tracker.parent_run_id
+        if tracker.active:
+            with tempfile.TemporaryDirectory() as tmp:
+                report = Path(tmp) / "pipeline_report.md"
+                report.write_text(markdown, encoding="utf-8")
+                tracker.log_artifact(report)
+    return {
+        "ran": ran,
+        "push": pushed,
+        "mlflow_run": parent_run_id,
+        "mlflow_link": mlflow_link,
+        "artifact_id": artifact_id,
+        "report": markdown,
+    }

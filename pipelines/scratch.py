@@ -1,0 +1,50 @@
+"""A throwaway copy of the project for smoke runs, tests and benchmarks.
+
+``scratch_project(dest, params)`` lays out a DVC project at ``dest`` that runs the
+real pipeline on ``params`` (e.g. ``configs/smoke.yaml``) without touching the
+project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
+
+``dest/params.yaml``  a copy of ``params``
+``dest/dvc.yaml``     the project's DAG, unchanged
+``dest/src/``         a copy of the core's sources (the stages' DVC ``deps``; the code
+                      that runs is still the installed ``aiayn``)
+``dest/.dvc/``        ``dvc init --no-scm``, default remote ``local`` = ``dest/.dvc-remote``
+
+``data/`` is left empty: the ``fetch`` flow (or ``pipeline``) fills it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+__all__ = ["PROJECT_ROOT", "scratch_project"]
+
+#: The repository root (this file is ``<root>/pipelines/scratch.py``).
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path = PROJECT_ROOT) -> Path:
+    """Create the scratch project at ``dest`` (must not exist or be empty); return its absolute path.
+
+    Raises ``FileExistsError`` if ``dest`` is a non-empty directory, ``FileNotFoundError``
+    if ``params`` or ``source/dvc.yaml`` is missing.
+    """
+    from dvc.repo import Repo
+
+    dest, source, params = Path(dest).resolve(), Path(source).resolve(), Path(params)
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"scratch project folder is not empty: {dest}")
+    for needed in (params, source / "dvc.yaml"):
+        if not needed.is_file():
+            raise FileNotFoundError(f"scratch project: missing {needed}")
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(params, dest / "params.yaml")
+    shutil.copyfile(source / "dvc.yaml", dest / "dvc.yaml")
+    shutil.copytree(source / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    with Repo.init(str(dest), no_scm=True) as repo:
+        with repo.config.edit() as conf:
+            conf["core"]["remote"] = "local"
+            conf["core"]["analytics"] = False
+            conf["remote"]["local"] = {"url": str(dest / ".dvc-remote")}
+    return dest

@@ -1,0 +1,80 @@
+"""``python -m pipelines.stage <name> [--params P] [--root DIR] [--mirror DIR]``: one stage as a Prefect flow run.
+
+This is what every ``dvc.yaml`` stage ``cmd`` runs, so a ``dvc repro`` shows up
+in Prefect (one flow run per stage). ``<name>`` is a key of
+``pipelines.flows.STAGE_FLOWS`` (fetch, prepare, tokenize, train, evaluate).
+
+Options: ``--params`` (default ``params.yaml``, relative to ``--root``),
+``--root`` (default: the current directory), ``--mirror`` (``fetch`` only; a
+local corpus folder, default ``$AIAYN_DATA_MIRROR``).
+
+Exit status: 0 on success; 1 when the stage failed, with the stage's own error
+message on stderr (``stage <name> failed: <ExceptionType>: <message>``) and, when
+``$AIAYN_STAGE_ERROR_FILE`` is set, in that file too (the ``pipeline`` flow reads it
+to fail with the stage's message); 2 on bad arguments.
+
+When ``$AIAYN_PIPELINE_RUN_ID`` is set (by the ``pipeline`` flow), the flow run is
+tagged ``pipeline-run:<id>`` so the stage runs of one pipeline run group together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main", "ERROR_FILE_ENV", "PIPELINE_RUN_ENV"]
+
+#: File the failing stage's message is written to, when set.
+ERROR_FILE_ENV = "AIAYN_STAGE_ERROR_FILE"
+#: Prefect flow run id of the enclosing ``pipeline`` run, when set.
+PIPELINE_RUN_ENV = "AIAYN_PIPELINE_RUN_ID"
+
+
+def _parser(stages: list[str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.stage", description="Run one aiayn stage as a Prefect flow.")
+    p.add_argument("stage", choices=stages, help="stage to run")
+    p.add_argument("--params", default="params.yaml", help="params file, relative to --root (default: params.yaml)")
+    p.add_argument("--root", default=".", help="project root (default: current directory)")
+    p.add_argument("--mirror", default=None, help="fetch only: local corpus folder (default: $AIAYN_DATA_MIRROR)")
+    return p
+
+
+def _failure_message(state) -> str:
+    """``"<ExceptionType>: <message>"`` of a failed flow run state (its exception when available)."""
+    exc = state.result(raise_on_failure=False)
+    if isinstance(exc, BaseException):
+        return f"{type(exc).__name__}: {exc}"
+    return state.message or f"flow run ended in state {state.type.value}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the stage's flow, return the exit status (0 ok, 1 stage failed)."""
+    from pipelines.flows import STAGE_FLOWS  # imports Prefect; after argparse so --help stays fast
+
+    args = _parser(list(STAGE_FLOWS)).parse_args(argv)
+    flow = STAGE_FLOWS[args.stage]
+    root = str(Path(args.root).resolve())
+    kwargs = {"root": root, "mirror": args.mirror} if args.stage == "fetch" else {"params_path": args.params, "root": root}
+
+    from prefect import tags
+
+    pipeline_run = os.environ.get(PIPELINE_RUN_ENV)
+    with tags(f"pipeline-run:{pipeline_run}") if pipeline_run else contextlib.nullcontext():
+        state = flow(**kwargs, return_state=True)
+    if state.is_completed():
+        return 0
+
+    message = f"stage {args.stage} failed: {_failure_message(state)}"
+    print(message, file=sys.stderr)
+    if error_file := os.environ.get(ERROR_FILE_ENV):
+        from aiayn.io import atomic_write_text
+
+        atomic_write_text(error_file, message + "\n")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""The encoder-decoder Transformer of Vaswani et al. 2017, "Attention Is All You Need", Section 3.
+
+Readable top to bottom: multi-head attention -> feed-forward -> encoder layer -> decoder layer
+-> the model. Defaults reproduce the paper:
+
+- Post-norm residual blocks, ``LayerNorm(x + Dropout(Sublayer(x)))`` (Sec. 3.1, 5.4).
+  ``norm='pre'`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final LayerNorm per stack.
+- Multi-head attention (Sec. 3.2.2), ``head_dim = d_model / n_heads``; ``n_kv_heads < n_heads``
+  gives grouped-query attention (not in the paper; ``None`` = paper).
+- Position-wise FFN ``max(0, x W1 + b1) W2 + b2`` (Sec. 3.3); ``gelu`` and ``swiglu``
+  (``(silu(x W1) * x W3) W2``, no biases, ``d_ff`` used as given) are options.
+- One embedding matrix shared by source, target and the pre-softmax projection, multiplied by
+  ``sqrt(d_model)`` in the embedding layers (Sec. 3.4); the output projection has no bias.
+  ``share_embeddings=False`` gives the source its own matrix; the target input embedding and
+  the output projection stay tied (fairseq's ``share_decoder_input_output_embed``).
+- Sinusoidal positions (Sec. 3.5) and dropout on embeddings + positions and on every sublayer
+  output (Sec. 5.4).
+
+Initialisation (not given by the paper; fairseq's convention): xavier-uniform weights and zero
+biases for every linear layer, embedding ~ Normal(0, d_model**-0.5) with the PAD row zero, so
+that ``embedding * sqrt(d_model)`` has unit variance; LayerNorm gain 1, bias 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.config import PAD_ID, ModelConfig
+from aiayn.model.attention import AttendFn, select_backend
+from aiayn.model.kv_cache import KVCache
+from aiayn.model.positions import SinusoidalPositions
+
+__all__ = ["Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (grouped-query) attention, paper Sec. 3.2.2, with separate q/k/v/out projections.
+
+    ``project_kv`` and ``forward`` are split so a KV cache can store keys/values between calls.
+    """
+
+    def __init__(self, *, d_model: int, n_heads: int, n_kv_heads: int, attention_dropout: float, attend: AttendFn) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.attention_dropout = attention_dropout
+        self.attend = attend
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``x`` ``(B, T, d_model)``: two ``(B, n_kv_heads, T, head_dim)``."""
+        B, T, _ = x.shape
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool,
+        key_padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attend from queries of ``x`` ``(B, Tq, d_model)`` to ``k, v`` ``(B, n_kv_heads, Tk, head_dim)``.
+
+        Returns ``(B, Tq, d_model)``. ``key_padding_mask`` ``(B, Tk)`` True = pad.
+        """
+        B, Tq, _ = x.shape
+        q = self.q_proj(x).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, Tq, head_dim)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        out = self.attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p)
+        out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, d_model)
+        return self.out_proj(out)
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network, paper Sec. 3.3: ``(B, T, d_model) -> (B, T, d_model)``."""
+
+    def __init__(self, *, d_model: int, d_ff: int, activation: str) -> None:
+        super().__init__()
+        if activation not in ("relu", "gelu", "swiglu"):
+            raise ValueError(f"unknown activation {activation!r}; choose 'relu', 'gelu' or 'swiglu'")
+        self.activation = activation
+        swiglu = activation == "swiglu"
+        self.w1 = nn.Linear(d_model, d_ff, bias=not swiglu)
+        self.w2 = nn.Linear(d_ff, d_model, bias=not swiglu)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False) if swiglu else None  # gate (Shazeer 2020)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.w1(x)  # (B, T, d_ff)
+        if self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.silu(h) * self.w3(x)
+        return self.w2(h)  # (B, T, d_model)
+
+
+class _Residual(nn.Module):
+    """One sublayer connection: post-norm ``LN(x + drop(f(x)))`` or pre-norm ``x + drop(f(LN(x)))``."""
+
+    def __init__(self, *, d_model: int, dropout: float, norm: str) -> None:
+        super().__init__()
+        self.pre = norm == "pre"
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.pre:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention + FFN, paper Sec. 3.1 (encoder)."""
+
+    def __init__(self, cfg: ModelConfig, attend: AttendFn) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(
+            d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
+            attention_dropout=cfg.attention_dropout, attend=attend,
+        )  # fmt: skip
+        self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
+        self.attn_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+        self.ffn_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+
+    def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(B, S, d_model)``, ``src_pad_mask`` ``(B, S)`` True = pad -> ``(B, S, d_model)``."""
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:
+            k, v = self.self_attn.project_kv(h)
+            return self.self_attn(h, k, v, causal=False, key_padding_mask=src_pad_mask)
+
+        x = self.attn_block(x, self_attention)
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention + encoder-decoder attention + FFN, paper Sec. 3.1 (decoder)."""
+
+    def __init__(self, cfg: ModelConfig, attend: AttendFn) -> None:
+        super().__init__()
+        mha = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
+                   attention_dropout=cfg.attention_dropout, attend=attend)  # fmt: skip
+        self.self_attn = MultiHeadAttention(**mha)
+        self.cross_attn = MultiHeadAttention(**mha)
+        self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
+        self.self_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+        self.cross_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+        self.ffn_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None,
+        src_pad_mask: torch.Tensor,
+        *,
+        layer_idx: int,
+        kv_cache: KVCache | None,
+    ) -> torch.Tensor:
+        """``x`` ``(B, T, d_model)`` new target positions -> ``(B, T, d_model)``.
+
+        Without a cache, ``x`` is the whole prefix and self-attention is causal. With a cache,
+        the new keys/values are appended to it and the queries see every cached position
+        (bottom-right causal mask); the cross-attention keys/values come from the cache when
+        stored, else from ``memory`` ``(B, S, d_model)`` (and are stored).
+        """
+        T = x.shape[1]
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:
+            k, v = self.self_attn.project_kv(h)  # (B, n_kv_heads, T, head_dim)
+            if kv_cache is not None:
+                k, v = kv_cache.update(layer_idx, k, v)  # (B, n_kv_heads, cached + T, head_dim)
+            return self.self_attn(h, k, v, causal=T > 1, key_padding_mask=None)
+
+        def cross_attention(h: torch.Tensor) -> torch.Tensor:
+            if kv_cache is not None and kv_cache.cross_k[layer_idx] is not None:
+                k, v = kv_cache.cross_k[layer_idx], kv_cache.cross_v[layer_idx]
+            else:
+                k, v = self.cross_attn.project_kv(memory)  # (B, n_kv_heads, S, head_dim)
+                if kv_cache is not None:
+                    kv_cache.set_cross(layer_idx, k, v)
+            return self.cross_attn(h, k, v, causal=False, key_padding_mask=src_pad_mask)
+
+        x = self.self_block(x, self_attention)
+        x = self.cross_block(x, cross_attention)
+        return self.ffn_block(x, self.ffn)
+
+
+def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
+    """Uninitialised ``nn.Embedding`` (``Transformer._init_weights`` fills it; skipping the default
+    init also keeps 'meta' construction fast)."""
+    weight = torch.empty(vocab_size, d_model)  # (vocab_size, d_model)
+    return nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID, _weight=weight)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (paper Sec. 3) driven by ``ModelConfig``.
+
+    ``device``: where parameters are created ('meta' counts parameters without memory); the
+    attention backend is chosen once here for that device (``None``: CUDA if available),
+    see ``aiayn.model.attention.select_backend``. PAD id is ``aiayn.config.PAD_ID``.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"Transformer needs an aiayn.config.ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.attention_backend, attend = select_backend(cfg.attention_backend, device)
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            self.tgt_embed = _embedding(cfg.vocab_size, cfg.d_model)
+            self.src_embed = self.tgt_embed if cfg.share_embeddings else _embedding(cfg.vocab_size, cfg.d_model)
+            self.positions = SinusoidalPositions(max_positions=cfg.max_positions, d_model=cfg.d_model)
+            self.dropout = nn.Dropout(cfg.dropout)
+            self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attend) for _ in range(cfg.n_layers))
+            self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attend) for _ in range(cfg.n_layers))
+            pre = cfg.norm == "pre"
+            self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+            self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.embed_scale = math.sqrt(cfg.d_model)
+        self._init_weights()
+
+    @property
+    def max_positions(self) -> int:
+        """Longest source or target sequence (tokens) the position table covers."""
+        return self.cfg.max_positions
+
+    def _init_weights(self) -> None:
+        if self.tgt_embed.weight.is_meta:
+            return  # nothing to fill ('meta' builds count parameters)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for emb in {id(self.tgt_embed): self.tgt_embed, id(self.src_embed): self.src_embed}.values():
+            nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each shared tensor counted once (the tied embedding once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """``tokens`` ``(B, T)`` -> ``dropout(embedding * sqrt(d_model) + PE)`` ``(B, T, d_model)``."""
+        x = embedding(tokens) * self.embed_scale  # (B, T, d_model)
+        x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # (T, d_model) broadcast over B
+        return self.dropout(x)
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode ``src`` ``(B, S)`` token ids (right-padded with PAD).
+
+        Returns ``memory`` ``(B, S, d_model)`` (rows at pad positions are meaningless) and
+        ``src_pad_mask`` ``(B, S)`` bool, True = pad. Raises ``ValueError`` for a bad shape or S >
+        ``max_positions``.
+        """
+        if src.dim() != 2 or src.dtype != torch.long:
+            raise ValueError(f"encode expects src (B, S) long token ids, got {src.dtype} {tuple(src.shape)}")
+        src_pad_mask = src.eq(PAD_ID)  # (B, S)
+        x = self._embed(self.src_embed, src, 0)  # (B, S, d_model)
+        for layer in self.encoder_layers:
+            x = layer(x, src_pad_mask)
+        return self.encoder_norm(x), src_pad_mask
+
+    def new_kv_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> KVCache:
+        """An empty ``KVCache`` for ``batch_size`` rows and up to ``max_len`` target tokens (BOS included).
+
+        ``dtype``/``device`` default to the model's parameters.
+        """
+        ref = self.tgt_embed.weight
+        return KVCache(
+            n_layers=self.cfg.n_layers, batch_size=batch_size, n_kv_heads=self.cfg.kv_heads,
+            head_dim=self.cfg.head_dim, max_len=max_len, dtype=dtype or ref.dtype, device=device or ref.device,
+        )  # fmt: skip
+
+    def decode(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor | None,
+        src_pad_mask: torch.Tensor | None,
+        *,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits ``(B, T, vocab_size)`` for target inputs ``tgt_in`` ``(B, T)``.
+
+        Without ``kv_cache``: ``tgt_in`` is the whole (BOS-first, right-padded) prefix and
+        self-attention is causal, so padding after a position never changes its logits.
+        With ``kv_cache``: ``tgt_in`` holds only the new tokens (usually ``T == 1``); their
+        positions continue from ``kv_cache.length``; their self-attention keys/values are
+        appended. On the first call with an empty cache the cross-attention keys/values of
+        ``memory`` ``(B, S, d_model)`` and ``src_pad_mask`` ``(B, S)`` are stored; later calls
+        use the stored ones (``memory``/``src_pad_mask`` may then be None).
+
+        Raises ``ValueError`` for a batch mismatch, a missing memory, or positions beyond
+        ``max_positions``.
+        """
+        if tgt_in.dim() != 2 or tgt_in.dtype != torch.long:
+            raise ValueError(f"decode expects tgt_in (B, T) long token ids, got {tgt_in.dtype} {tuple(tgt_in.shape)}")
+        B, T = tgt_in.shape
+        start = 0
+        needs_memory = kv_cache is None or not kv_cache.has_cross
+        if needs_memory and (memory is None or src_pad_mask is None):
+            raise ValueError("decode needs memory (B, S, d_model) and src_pad_mask (B, S) from encode()")
+        if needs_memory and (memory.shape[0] != B or src_pad_mask.shape[0] != B):
+            raise ValueError(f"tgt_in batch {B} != memory batch {memory.shape[0]} / src_pad_mask batch {src_pad_mask.shape[0]}")
+        if kv_cache is not None:
+            if kv_cache.batch_size != B:
+                raise ValueError(f"tgt_in batch {B} != kv_cache batch {kv_cache.batch_size}")
+            start = kv_cache.length
+            if needs_memory:
+                kv_cache.src_pad_mask = src_pad_mask
+            src_pad_mask = kv_cache.src_pad_mask
+        x = self._embed(self.tgt_embed, tgt_in, start)  # (B, T, d_model)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, memory, src_pad_mask, layer_idx=i, kv_cache=kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        x = self.decoder_norm(x)  # (B, T, d_model)
+        return F.linear(x, self.tgt_embed.weight)  # (B, T, vocab_size), tied, no bias (Sec. 3.4)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits ``(B, T, vocab_size)`` for ``src`` ``(B, S)`` and ``tgt_in`` ``(B, T)``."""
+        memory, src_pad_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_pad_mask)

@@ -1,0 +1,255 @@
+"""Triton flash attention vs the float64 PyTorch reference.
+
+On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, set
+by conftest.py), one program at a time, so shapes here are small but chosen to
+cross several blocks (interpreter blocks are 16/32 rows), hit the causal
+diagonal, the key-length tail and sequence lengths that are not block
+multiples. The ``gpu`` tests run compiled kernels on CUDA at realistic sizes
+(``TRITON_INTERPRET=0 pytest -m gpu tests/test_flash_attention.py``).
+
+Every comparison is against ``attention_reference`` run in float64 on the same
+(already rounded) inputs; the reference itself is checked against PyTorch's
+``scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.kernels import INTERPRETED, attention_reference, flash_attention, flash_attention_forward
+
+# Pass criterion per dtype: max |kernel - reference| <= atol + rtol * max |reference|,
+# separately for out, dq, dk, dv. fp32 is IEEE fp32 on both paths (errors seen
+# ~1e-6); fp16 rounds P and dS to 10 mantissa bits (seen ~1e-3); bf16 to 7 bits
+# (on the interpreter bf16 is computed in fp32, so only the final rounding shows).
+TOLERANCES = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=2e-2),
+}
+
+CPU_DEVICE = "cpu"
+
+
+def _inputs(batch, n_heads, q_len, k_len, head_dim, dtype, device, seed):
+    """Seeded standard-normal q, k, v (leaf tensors needing grad) and dO."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shapes = [(batch, n_heads, q_len, head_dim), (batch, n_heads, k_len, head_dim), (batch, n_heads, k_len, head_dim)]
+    q, k, v = (torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes)
+    do = torch.randn(shapes[0], generator=gen).to(device=device, dtype=dtype)
+    return q, k, v, do
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    tol = TOLERANCES[dtype]
+    err = (actual.double() - expected.double()).abs().max().item()
+    bound = tol["atol"] + tol["rtol"] * expected.double().abs().max().item()
+    assert err <= bound, f"{what} ({dtype}): max abs error {err:.3e} > {bound:.3e}"
+
+
+def _check_against_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype, device, seed=0):
+    q, k, v, do = _inputs(batch, n_heads, q_len, k_len, head_dim, dtype, device, seed)
+    kl = None if key_lengths is None else torch.tensor(key_lengths, device=device)
+
+    out = flash_attention(q, k, v, causal=causal, key_lengths=kl)
+    out.backward(do)
+    assert out.dtype == dtype and q.grad.dtype == dtype and k.grad.dtype == dtype and v.grad.dtype == dtype
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, causal=causal, key_lengths=kl)
+    ref.backward(do.double())
+
+    _assert_close(out, ref, dtype, "out")
+    _assert_close(q.grad, q64.grad, dtype, "dq")
+    _assert_close(k.grad, k64.grad, dtype, "dk")
+    _assert_close(v.grad, v64.grad, dtype, "dv")
+
+
+# --------------------------------------------------------------------------- reference
+
+
+@pytest.mark.parametrize("causal, key_lengths", [(False, None), (True, None), (False, [9, 4]), (True, [9, 6])])
+def test_reference_matches_torch_sdpa(causal, key_lengths):
+    """The reference agrees with torch's SDPA (math path, float64) on the same mask."""
+    q, k, v, _ = _inputs(2, 3, 9, 9, 16, torch.float64, "cpu", seed=1)
+    kl = None if key_lengths is None else torch.tensor(key_lengths)
+    mask = torch.ones(2, 1, 9, 9, dtype=torch.bool)
+    if kl is not None:
+        mask &= (torch.arange(9)[None, :] < kl[:, None])[:, None, None, :]
+    if causal:
+        mask &= torch.ones(9, 9, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    actual, lse = attention_reference(q, k, v, causal=causal, key_lengths=kl, return_lse=True)
+    torch.testing.assert_close(actual, expected, atol=1e-12, rtol=1e-12)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(16)).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), atol=1e-12, rtol=1e-12)
+
+
+def test_reference_fully_masked_row_is_zero_with_finite_grads():
+    q, k, v, do = _inputs(2, 1, 5, 5, 8, torch.float64, "cpu", seed=2)
+    out, lse = attention_reference(q, k, v, key_lengths=torch.tensor([0, 3]), return_lse=True)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert torch.isneginf(lse[0]).all() and torch.isfinite(lse[1]).all()
+    out.backward(do)
+    for g in (q.grad, k.grad, v.grad):
+        assert torch.isfinite(g).all()
+        assert torch.equal(g[0], torch.zeros_like(g[0]))
+
+
+# --------------------------------------------------------------------------- kernel vs reference (interpreter)
+
+CASES = [
+    # id,                         B, H, Tq,  Tk, head_dim, causal, key_lengths, dtype
+    ("len1",                      1, 2, 1, 1, 32, False, None, torch.float32),
+    ("len1-causal",               1, 1, 1, 1, 64, True, None, torch.float32),
+    ("odd17-causal",              1, 2, 17, 17, 64, True, None, torch.float32),
+    ("odd17",                     1, 1, 17, 17, 32, False, None, torch.float32),
+    ("len130-causal-padded",      2, 1, 130, 130, 64, True, [130, 77], torch.float32),
+    ("len130-padded",             2, 1, 130, 130, 32, False, [61, 130], torch.float32),
+    ("cross-17x130-padded",       2, 1, 17, 130, 64, False, [130, 45], torch.float32),
+    ("cross-70x33",               1, 2, 70, 33, 32, False, None, torch.float32),
+    ("hd128-causal",              1, 1, 33, 33, 128, True, None, torch.float32),
+    ("hd48-padded-to-64",         1, 2, 20, 20, 48, False, [13], torch.float32),
+    ("hd8-padded-to-16",          1, 1, 19, 19, 8, True, None, torch.float32),
+    ("fp16-causal-padded",        2, 2, 40, 40, 64, True, [40, 23], torch.float16),
+    ("fp16-cross-hd128",          1, 1, 9, 50, 128, False, [31], torch.float16),
+    ("bf16-causal",               1, 2, 40, 40, 64, True, None, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize(
+    "batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype",
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_matches_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype):
+    _check_against_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype, CPU_DEVICE)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fully_masked_rows_give_zeros_and_zero_grads(causal):
+    """key_lengths 0: output rows and all grads of that batch row are exactly 0, nothing is NaN."""
+    q, k, v, do = _inputs(3, 2, 21, 21, 32, torch.float32, CPU_DEVICE, seed=3)
+    kl = torch.tensor([0, 21, 5])
+    out = flash_attention(q, k, v, causal=causal, key_lengths=kl)
+    out.backward(do)
+    for name, t in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert not torch.isnan(t).any(), f"{name} has NaN"
+        assert torch.equal(t[0], torch.zeros_like(t[0])), f"{name} of the fully masked batch row is not 0"
+    # Keys past key_lengths get exactly zero gradient.
+    assert torch.equal(k.grad[2, :, 5:], torch.zeros_like(k.grad[2, :, 5:]))
+    assert torch.equal(v.grad[2, :, 5:], torch.zeros_like(v.grad[2, :, 5:]))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, causal=causal, key_lengths=kl)
+    ref.backward(do.double())
+    _assert_close(out, ref, torch.float32, "out")
+    _assert_close(q.grad, q64.grad, torch.float32, "dq")
+    _assert_close(k.grad, k64.grad, torch.float32, "dk")
+
+
+def test_lse_matches_reference():
+    q, k, v, _ = _inputs(2, 1, 37, 37, 32, torch.float32, CPU_DEVICE, seed=4)
+    kl = torch.tensor([0, 29])
+    out, lse = flash_attention_forward(q, k, v, causal=True, key_lengths=kl)
+    ref_out, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=True, key_lengths=kl,
+                                           return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 1, 37)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-5, rtol=1e-5)
+    _assert_close(out, ref_out, torch.float32, "out")
+
+
+def test_custom_sm_scale_and_strided_inputs():
+    """sm_scale is honoured; (B, T, n_heads, head_dim) inputs viewed as (B, n_heads, T, head_dim) work."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 19, 3, 32, generator=gen).transpose(1, 2) for _ in range(3))  # (B, n_heads, T, head_dim)
+    assert not q.is_contiguous()
+    out = flash_attention(q, k, v, causal=True, sm_scale=0.3)
+    ref = attention_reference(q.double(), k.double(), v.double(), causal=True, sm_scale=0.3)
+    _assert_close(out, ref, torch.float32, "out")
+    out_default = flash_attention(q, k, v, causal=True)
+    assert (out - out_default).abs().max() > 1e-3  # the scale actually changes the result
+
+
+# --------------------------------------------------------------------------- launcher errors
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((_t(1, 1, 8, 256), _t(1, 1, 8, 256), _t(1, 1, 8, 256)), {}, "head_dim=256"),
+        ((_t(2, 1, 8, 32), _t(3, 1, 8, 32), _t(3, 1, 8, 32)), {}, "B=2.*B=3"),
+        ((_t(1, 4, 8, 32), _t(1, 2, 8, 32), _t(1, 2, 8, 32)), {}, "n_heads=4.*have 2"),
+        ((_t(1, 1, 8, 32), _t(1, 1, 8, 16), _t(1, 1, 8, 16)), {}, "head_dim mismatch: q has 32"),
+        ((_t(1, 1, 8, 32), _t(1, 1, 9, 32), _t(1, 1, 8, 32)), {}, "k and v shapes differ"),
+        ((_t(1, 8, 32), _t(1, 8, 32), _t(1, 8, 32)), {}, r"got shape \(1, 8, 32\)"),
+        ((_t(1, 1, 8, 32, dtype=torch.float64),) * 3, {}, "torch.float64"),
+        ((_t(1, 1, 8, 32), _t(1, 1, 8, 32, dtype=torch.float16), _t(1, 1, 8, 32)), {}, "dtypes differ"),
+        ((_t(1, 1, 4, 32), _t(1, 1, 8, 32), _t(1, 1, 8, 32)), {"causal": True}, "Tq=4, Tk=8"),
+        ((_t(1, 1, 0, 32), _t(1, 1, 8, 32), _t(1, 1, 8, 32)), {}, "Tq=0"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([3, 9])}, "max=9"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([-1, 8])}, "min=-1"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([3])}, r"shape \(2,\), got \(1,\)"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([3.0, 4.0])}, "torch.float32"),
+        ((_t(2, 1, 8, 32),) * 3, {"sm_scale": float("nan")}, "nan"),
+    ],
+    ids=["head_dim256", "batch", "heads", "head_dim-mismatch", "kv-shape", "3d", "float64", "mixed-dtype",
+         "causal-cross", "empty", "kl-too-long", "kl-negative", "kl-shape", "kl-dtype", "nan-scale"],
+)
+def test_launcher_rejects_bad_input(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        flash_attention(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- GPU (compiled kernels)
+
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or INTERPRETED,
+    reason="needs CUDA and compiled Triton (run with TRITON_INTERPRET=0 on a GPU machine)",
+)
+
+GPU_CASES = [
+    # B, H, Tq, Tk, head_dim, causal, key_lengths, dtype
+    (2, 4, 1024, 1024, 64, True, None, torch.bfloat16),
+    (2, 4, 1000, 1000, 128, False, [1000, 613], torch.bfloat16),
+    (2, 4, 777, 777, 64, True, [777, 0], torch.float16),
+    (2, 2, 130, 2049, 128, False, [2049, 1500], torch.float16),
+    (1, 2, 515, 515, 32, True, None, torch.float32),
+    (4, 8, 37, 37, 64, True, [37, 20, 1, 37], torch.bfloat16),  # the tiny model's regime
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype", GPU_CASES)
+def test_gpu_matches_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype):
+    _check_against_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_matches_torch_sdpa_bf16(causal):
+    """Same inputs through SDPA and the kernel in bf16: both within bf16 tolerance of each other."""
+    q, k, v, do = _inputs(2, 8, 2048, 2048, 128, torch.bfloat16, "cuda", seed=7)
+    out = flash_attention(q, k, v, causal=causal)
+    out.backward(do)
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    ref.backward(do)
+    _assert_close(out, ref, torch.bfloat16, "out vs sdpa")
+    for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        _assert_close(g, t.grad, torch.bfloat16, f"{name} vs sdpa")
