@@ -115,18 +115,24 @@ class _ToRunLogger(logging.Handler):
 
 @contextmanager
 def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
-    """While inside, records of ``logger_name`` (INFO and up) also go to the current Prefect run log."""
+    """While inside, records of ``logger_name`` (INFO and up) go to the current Prefect run log.
+
+    Propagation to the root logger is paused meanwhile, so the run logger's console
+    output is the only copy (no duplicate lines); both settings are restored after.
+    """
     core = logging.getLogger(logger_name)
     handler = _ToRunLogger(get_run_logger())
-    old_level = core.level
+    old_level, old_propagate = core.level, core.propagate
     if core.getEffectiveLevel() > logging.INFO:
         core.setLevel(logging.INFO)
     core.addHandler(handler)
+    core.propagate = False
     try:
         yield
     finally:
         core.removeHandler(handler)
         core.setLevel(old_level)
+        core.propagate = old_propagate
 
 
 # --------------------------------------------------------------------------- tasks

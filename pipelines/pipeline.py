@@ -27,12 +27,12 @@ One run of this flow is one pipeline run:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def _upload_error() -> tuple[type[BaseException], ...]:
     return (UploadError,)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _environ(updates: dict[str, str | None]) -> Iterator[None]:
     """Set (or, for None, unset) environment variables inside the block; restore them after."""
     old = {k: os.environ.get(k) for k in updates}
@@ -103,7 +103,8 @@ def dvc_repro(root: str, env: dict[str, str | None]) -> list[str]:
         error_file = Path(tmp) / "stage-error.txt"
         with _environ({**env, ERROR_FILE_ENV: str(error_file)}):
             try:
-                with Repo(root) as repo:
+                # DVC's Python API resolves paths against the cwd (as `dvc` does after `--cd`)
+                with contextlib.chdir(root), Repo(root) as repo:
                     stages = repo.reproduce()
             except ReproductionError as e:
                 stage_message = error_file.read_text(encoding="utf-8").strip() if error_file.exists() else ""
@@ -121,7 +122,7 @@ def dvc_push(root: str) -> dict[str, Any]:
     from dvc.repo import Repo
 
     logger = get_run_logger()
-    with Repo(root) as repo:
+    with contextlib.chdir(root), Repo(root) as repo:
         remote = repo.config["core"].get("remote")
         try:
             pushed = repo.push()
@@ -141,11 +142,20 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path}: not valid JSON: {e}") from e
 
 
+def _data_hashes(root: Path) -> dict[str, str] | str:
+    """``aiayn.tracking.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
+    try:
+        return dvc_data_hashes(root)
+    except (OSError, ValueError) as e:
+        get_run_logger().warning("data hashes unavailable: %s: %s", type(e).__name__, e)
+        return f"unavailable ({type(e).__name__}: {e})"
+
+
 def render_report(
     *,
     metrics: dict[str, dict[str, float]] | None,
     scores: dict[str, Any] | None,
-    data_hashes: dict[str, str],
+    data_hashes: dict[str, str] | str,
     mlflow_link: str | None,
     ran: list[str],
     push: dict[str, Any] | None,
@@ -155,7 +165,8 @@ def render_report(
 
     ``metrics``: ``{split: {"bleu", "chrf", "bleu_lc_tok"}}`` (0-100, sacreBLEU);
     ``scores``: ``artifacts/eval/scores.json`` (``{split: {..., "bleu_signature", ...}}``);
-    ``data_hashes``: ``{path: dvc md5}``; ``push``: the ``dvc_push`` result or None (skipped).
+    ``data_hashes``: ``{path: dvc md5}`` or why they are unavailable; ``push``: the
+    ``dvc_push`` result or None (skipped).
     """
     lines = [f"# {title}", ""]
     if metrics:
@@ -175,8 +186,9 @@ def render_report(
         lines.append("No evaluation metrics (artifacts/eval_metrics.json missing).")
     lines += ["", "## Provenance", ""]
     lines.append(f"- MLflow run: {mlflow_link}" if mlflow_link else "- MLflow run: not tracked (tracking off or unreachable)")
-    raw = {p: h for p, h in data_hashes.items() if p == "data" or p.startswith("data/")}
-    if raw:
+    if isinstance(data_hashes, str):
+        lines.append(f"- data: hash {data_hashes}")
+    elif raw := {p: h for p, h in data_hashes.items() if p == "data" or p.startswith("data/")}:
         lines += [f"- data `{p}`: md5 `{h}`" for p, h in sorted(raw.items())]
     else:
         lines.append("- data: no DVC hash yet (no data.dvc and no dvc.lock entry under data/)")
@@ -226,7 +238,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         markdown = render_report(
             metrics=_read_json(layout.eval_metrics),
             scores=_read_json(layout.eval / "scores.json"),
-            data_hashes=dvc_data_hashes(root_path),
+            data_hashes=_data_hashes(root_path),
             mlflow_link=mlflow_link,
             ran=ran,
             push=pushed,

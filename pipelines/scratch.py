@@ -4,7 +4,8 @@
 real pipeline on ``params`` (e.g. ``configs/smoke.yaml``) without touching the
 project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
 
-``dest/params.yaml``  a copy of ``params``
+``dest/params.yaml``  ``params`` fully resolved (every key written out, so each key
+                      ``dvc.yaml`` tracks exists; loads back to the same ``Params``)
 ``dest/dvc.yaml``     the project's DAG, unchanged
 ``dest/src/``         a copy of the core's sources (the stages' DVC ``deps``; the code
                       that runs is still the installed ``aiayn``)
@@ -18,10 +19,25 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-__all__ = ["PROJECT_ROOT", "scratch_project"]
+__all__ = ["PROJECT_ROOT", "resolved_params_yaml", "scratch_project"]
 
 #: The repository root (this file is ``<root>/pipelines/scratch.py``).
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolved_params_yaml(params_path: str | Path) -> str:
+    """``params.yaml`` text with every field of ``load_params(params_path)`` written out.
+
+    Raises ``aiayn.config.ConfigError`` for an invalid params file.
+    """
+    import yaml
+
+    from aiayn.config import load_params
+
+    resolved = load_params(params_path).model_dump(mode="json")
+    preset = resolved.pop("model_preset")
+    resolved["model"] = {"preset": preset, **resolved["model"]}
+    return f"# resolved from {params_path} by pipelines.scratch\n" + yaml.safe_dump(resolved, sort_keys=False)
 
 
 def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path = PROJECT_ROOT) -> Path:
@@ -32,6 +48,8 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
     """
     from dvc.repo import Repo
 
+    from aiayn.config import load_params
+
     dest, source, params = Path(dest).resolve(), Path(source).resolve(), Path(params)
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"scratch project folder is not empty: {dest}")
@@ -39,7 +57,9 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
         if not needed.is_file():
             raise FileNotFoundError(f"scratch project: missing {needed}")
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(params, dest / "params.yaml")
+    (dest / "params.yaml").write_text(resolved_params_yaml(params), encoding="utf-8")
+    if load_params(dest / "params.yaml") != load_params(params):
+        raise AssertionError(f"resolved params of {params} do not load back to the same values")
     shutil.copyfile(source / "dvc.yaml", dest / "dvc.yaml")
     shutil.copytree(source / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     with Repo.init(str(dest), no_scm=True) as repo:

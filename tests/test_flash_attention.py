@@ -86,9 +86,9 @@ def test_reference_matches_torch_sdpa(causal, key_lengths):
         mask &= torch.ones(9, 9, dtype=torch.bool).tril()
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     actual, lse = attention_reference(q, k, v, causal=causal, key_lengths=kl, return_lse=True)
-    torch.testing.assert_close(actual, expected, atol=1e-12, rtol=1e-12)
+    assert (actual - expected).abs().max() < 1e-12
     scores = (q @ k.transpose(-2, -1) / math.sqrt(16)).masked_fill(~mask, float("-inf"))
-    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), atol=1e-12, rtol=1e-12)
+    assert (lse - torch.logsumexp(scores, dim=-1)).abs().max() < 1e-12
 
 
 def test_reference_fully_masked_row_is_zero_with_finite_grads():
@@ -162,7 +162,7 @@ def test_lse_matches_reference():
     assert lse.dtype == torch.float32 and lse.shape == (2, 1, 37)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
     finite = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-5, rtol=1e-5)
+    assert (lse.double()[finite] - ref_lse[finite]).abs().max() < 1e-5
     _assert_close(out, ref_out, torch.float32, "out")
 
 
@@ -240,16 +240,24 @@ def test_gpu_matches_reference(batch, n_heads, q_len, k_len, head_dim, causal, k
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_matches_torch_sdpa_bf16(causal):
-    """Same inputs through SDPA and the kernel in bf16: both within bf16 tolerance of each other."""
+def test_gpu_bf16_error_no_worse_than_torch_sdpa(causal):
+    """bf16 at seq 2048, head_dim 128: the kernel's error vs float64 is at most 2x SDPA's own (+1e-3).
+
+    The same criterion the flash-attention repository uses for its tests.
+    """
     q, k, v, do = _inputs(2, 8, 2048, 2048, 128, torch.bfloat16, "cuda", seed=7)
-    out = flash_attention(q, k, v, causal=causal)
-    out.backward(do)
-    grads = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    ref.backward(do)
-    _assert_close(out, ref, torch.bfloat16, "out vs sdpa")
-    for name, g, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
-        _assert_close(g, t.grad, torch.bfloat16, f"{name} vs sdpa")
+    results = {}
+    for name, fn in (("triton", lambda: flash_attention(q, k, v, causal=causal)),
+                     ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))):
+        out = fn()
+        out.backward(do)
+        results[name] = [out.detach(), q.grad, k.grad, v.grad]
+        q.grad = k.grad = v.grad = None
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, causal=causal)
+    ref.backward(do.double())
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        expected = (ref.detach(), q64.grad, k64.grad, v64.grad)[i].double()
+        err = (results["triton"][i].double() - expected).abs().max().item()
+        err_sdpa = (results["sdpa"][i].double() - expected).abs().max().item()
+        assert err <= 2 * err_sdpa + 1e-3, f"{what}: kernel error {err:.3e} vs sdpa error {err_sdpa:.3e}"

@@ -9,7 +9,8 @@ package is first imported.
 
 from aiayn.kernels.flash_attention import (
     INTERPRETED,
-    MAX_HEAD_DIM,     SUPPORTED_DTYPES,
+    MAX_HEAD_DIM,
+    SUPPORTED_DTYPES,
     flash_attention,
     flash_attention_forward,
 )

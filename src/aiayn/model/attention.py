@@ -200,7 +200,7 @@ def attend_triton(
     ``ModelConfig.attention_dropout=0`` or pick another backend), for a padding mask that is
     not right padding (pads must all come after the real keys of a row), for ``causal`` with
     ``1 < Tq != Tk`` (the kernel aligns causality top-left), and for non-CUDA tensors unless
-    ``TRITON_INTERPRET=1``. Rows with zero real keys are zeroed.
+    ``TRITON_INTERPRET=1``. Rows with zero real keys get zeros (the kernel guarantees it).
     """
     _check_shapes(q, k, v, key_padding_mask)
     if dropout_p > 0.0:
@@ -221,10 +221,8 @@ def attend_triton(
 
     k = repeat_kv(k, n_heads).contiguous()  # (B, n_heads, Tk, head_dim)
     v = repeat_kv(v, n_heads).contiguous()  # (B, n_heads, Tk, head_dim)
-    out = flash_attention(q.contiguous(), k, v, causal=causal, key_lengths=key_lengths)  # (B, n_heads, Tq, head_dim)
-    if key_lengths is not None:
-        out = torch.where((key_lengths == 0)[:, None, None, None], torch.zeros_like(out), out)  # rows with no key
-    return out
+    # The kernel returns zeros (and zero gradients) for rows with key_lengths == 0.
+    return flash_attention(q.contiguous(), k, v, causal=causal, key_lengths=key_lengths)  # (B, n_heads, Tq, head_dim)
 
 
 BACKENDS: dict[str, AttendFn] = {"reference": attend_reference, "sdpa": attend_sdpa, "triton": attend_triton}
@@ -237,19 +235,23 @@ def _triton_importable() -> bool:
 def select_backend(name: str, device: torch.device | str | None = None) -> tuple[str, AttendFn]:
     """Resolve an attention backend name to ``(name, attend_fn)``; call once per model.
 
-    ``'auto'`` picks ``'triton'`` when the model lives on CUDA and triton is importable,
-    else ``'sdpa'``. ``device`` is the device the model is built on; ``None`` means
-    "CUDA if available" (for models built on CPU and moved later). The choice is logged
-    on the ``aiayn`` logger. Raises ``ValueError`` for an unknown name or for ``'triton'``
-    without an importable triton.
+    ``'auto'`` picks ``'triton'`` when the model is built on a CUDA device (and CUDA is
+    available and triton importable), else ``'sdpa'``. ``device`` is that device; ``None``
+    means torch's default device (normally CPU). So ``Transformer(cfg)`` built on CPU and
+    moved with ``.to('cuda')`` keeps ``'sdpa'`` (which runs anywhere); build with
+    ``Transformer(cfg, device='cuda')`` to get the kernel. The choice is logged on the
+    ``aiayn`` logger. Raises ``ValueError`` for an unknown name or for ``'triton'`` without
+    an importable triton.
     """
     if name == "auto":
-        on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+        device = torch.device(device) if device is not None else torch.get_default_device()
+        on_cuda = device.type == "cuda" and torch.cuda.is_available()
         chosen = "triton" if on_cuda and _triton_importable() else "sdpa"
     elif name in BACKENDS:
         chosen = name
     else:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of ['auto', {', '.join(map(repr, BACKENDS))}]")
+        choices = ["auto", *BACKENDS]
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {choices}")
     if chosen == "triton" and not _triton_importable():
         raise ValueError("attention_backend='triton' but the triton package is not importable")
     logger.info("attention backend: %s (requested %r, device %s)", chosen, name, device)

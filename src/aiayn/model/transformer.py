@@ -44,7 +44,9 @@ class MultiHeadAttention(nn.Module):
     ``project_kv`` and ``forward`` are split so a KV cache can store keys/values between calls.
     """
 
-    def __init__(self, *, d_model: int, n_heads: int, n_kv_heads: int, attention_dropout: float, attend: AttendFn) -> None:
+    def __init__(
+        self, *, d_model: int, n_heads: int, n_kv_heads: int, attention_dropout: float, attend: AttendFn
+    ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.attention_dropout = attention_dropout
@@ -207,9 +209,11 @@ def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
 class Transformer(nn.Module):
     """Encoder-decoder Transformer (paper Sec. 3) driven by ``ModelConfig``.
 
-    ``device``: where parameters are created ('meta' counts parameters without memory); the
-    attention backend is chosen once here for that device (``None``: CUDA if available),
-    see ``aiayn.model.attention.select_backend``. PAD id is ``aiayn.config.PAD_ID``.
+    ``device``: where parameters are created (``None``: torch's default device; 'meta' counts
+    parameters without memory). The attention backend is chosen once here for that device and
+    kept when the module is moved: with ``attention_backend='auto'`` build on the CUDA device
+    (``Transformer(cfg, device='cuda')``) to get the Triton kernel, see
+    ``aiayn.model.attention.select_backend``. PAD id is ``aiayn.config.PAD_ID``.
     """
 
     def __init__(self, cfg: ModelConfig, *, device: torch.device | str | None = None) -> None:
@@ -250,7 +254,7 @@ class Transformer(nn.Module):
                 emb.weight[PAD_ID].zero_()
 
     def num_parameters(self) -> int:
-        """Trainable parameters, each shared tensor counted once (the tied embedding once)."""
+        """Number of parameters (elements), each shared tensor counted once (the tied embedding once)."""
         return sum(p.numel() for p in self.parameters())
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int) -> torch.Tensor:
@@ -275,7 +279,12 @@ class Transformer(nn.Module):
         return self.encoder_norm(x), src_pad_mask
 
     def new_kv_cache(
-        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
     ) -> KVCache:
         """An empty ``KVCache`` for ``batch_size`` rows and up to ``max_len`` target tokens (BOS included).
 
@@ -316,7 +325,9 @@ class Transformer(nn.Module):
         if needs_memory and (memory is None or src_pad_mask is None):
             raise ValueError("decode needs memory (B, S, d_model) and src_pad_mask (B, S) from encode()")
         if needs_memory and (memory.shape[0] != B or src_pad_mask.shape[0] != B):
-            raise ValueError(f"tgt_in batch {B} != memory batch {memory.shape[0]} / src_pad_mask batch {src_pad_mask.shape[0]}")
+            raise ValueError(
+                f"tgt_in batch {B} != memory batch {memory.shape[0]} / src_pad_mask batch {src_pad_mask.shape[0]}"
+            )
         if kv_cache is not None:
             if kv_cache.batch_size != B:
                 raise ValueError(f"tgt_in batch {B} != kv_cache batch {kv_cache.batch_size}")

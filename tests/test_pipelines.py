@@ -1,0 +1,272 @@
+"""Prefect flows over the real stages, under one session-wide Prefect test harness.
+
+Fast tier: fetch/prepare/tokenize flows on the smoke configuration, retries of a
+transient I/O error (and none for other errors), a failing stage failing its flow
+with the stage's own message and leaving no partial output, ``python -m
+pipelines.stage`` exit codes, the report renderer and the deployment table.
+Slow tier: the ``pipeline`` flow (``dvc repro`` of all four real stages, push,
+markdown artifact) and a pipeline whose stage fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="aiayn-prefect-home-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect API (SQLite in a temp dir) for every flow of the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def smoke_root(tmp_path_factory, prefect_harness, multi30k_mirror) -> Path:
+    """A scratch project on configs/smoke.yaml whose corpus came in through the ``fetch`` flow."""
+    from pipelines.flows import fetch
+    from pipelines.scratch import scratch_project
+
+    root = scratch_project(tmp_path_factory.mktemp("smoke") / "project", SMOKE)
+    state = fetch(root=str(root), mirror=str(multi30k_mirror), return_state=True)
+    assert state.is_completed(), state.message
+    return root
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Temporary siblings an atomic write would leave behind after a crash."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") and ".tmp" in p.name) if folder.exists() else []
+
+
+# --------------------------------------------------------------------------- stage flows
+
+
+def test_fetch_flow_brings_verified_corpus(smoke_root, multi30k_mirror):
+    raw = smoke_root / "data" / "multi30k"
+    expected = dict(line.split()[::-1] for line in (multi30k_mirror / "SHA256SUMS").read_text().splitlines() if line.strip())
+    for name in ("train.en.gz", "train.de.gz", "test_2017_mscoco.de.gz"):
+        assert _sha256(raw / name) == expected[name]
+
+
+def test_prepare_flow_runs_stage_with_smoke_limits(smoke_root):
+    from pipelines.flows import prepare
+
+    summary = prepare(root=str(smoke_root))
+    cfg = yaml.safe_load(SMOKE.read_text())["data"]
+    prepared = smoke_root / "artifacts" / "prepared"
+    n_train = len((prepared / "train.en").read_text(encoding="utf-8").splitlines())
+    n_test = len((prepared / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines())
+    assert n_train == cfg["max_train_pairs"] == summary["train"]["kept"]
+    assert n_test == cfg["max_eval_pairs"]
+    assert summary["train"]["read"] == 29000  # Multi30k train size (mirror README)
+
+
+def test_tokenize_flow_then_injected_failure_keeps_previous_output(smoke_root, monkeypatch):
+    """A stage that dies mid-write fails its flow with its own message and leaves the last good output."""
+    import aiayn.stages.tokenize as tokenize_stage
+    from pipelines.flows import prepare, tokenize
+
+    if not (smoke_root / "artifacts" / "prepared" / "train.en").exists():
+        prepare(root=str(smoke_root))
+    summary = tokenize(root=str(smoke_root))
+    out = smoke_root / "artifacts" / "tokenized"
+    vocab_size = yaml.safe_load(SMOKE.read_text())["tokenize"]["vocab_size"]
+    assert summary["vocab_size"] == vocab_size
+    before = {p.name: _sha256(p) for p in out.iterdir()}
+
+    real_save, calls = tokenize_stage.save_encoded, []
+
+    def save_then_fail(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise OSError("disk full (injected)")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(tokenize_stage, "save_encoded", save_then_fail)
+    state = tokenize(root=str(smoke_root), return_state=True)
+    assert state.is_failed()
+    assert "OSError: disk full (injected)" in state.message
+    assert len(calls) == 2  # compute stages are never retried, even on OSError
+    assert {p.name: _sha256(p) for p in out.iterdir()} == before
+    assert _leftovers(out.parent) == []
+
+
+def test_stage_failure_fails_flow_with_stage_message(tmp_path, prefect_harness):
+    """Prepare without a corpus: the flow fails with exactly the stage's own error text."""
+    import aiayn.stages.prepare as prepare_stage
+    from aiayn.config import load_params
+    from aiayn.stages import Layout
+    from pipelines.flows import prepare
+
+    (tmp_path / "params.yaml").write_text(SMOKE.read_text())
+    with pytest.raises(Exception) as direct:
+        prepare_stage.run(load_params(tmp_path / "params.yaml"), Layout(tmp_path))
+    state = prepare(root=str(tmp_path), return_state=True)
+    assert state.is_failed()
+    assert f"{type(direct.value).__name__}: {direct.value}" in state.message
+    assert not (tmp_path / "artifacts" / "prepared").exists()
+    assert _leftovers(tmp_path / "artifacts") == []
+
+
+def test_stage_cli_exit_status_and_error_file(tmp_path, prefect_harness, capsys, monkeypatch):
+    from pipelines import stage
+
+    (tmp_path / "params.yaml").write_text(SMOKE.read_text())
+    error_file = tmp_path / "err.txt"
+    monkeypatch.setenv(stage.ERROR_FILE_ENV, str(error_file))
+    assert stage.main(["prepare", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "stage prepare failed: CorpusError: raw corpus file(s) missing" in err
+    assert error_file.read_text().strip() in err
+    with pytest.raises(SystemExit) as bad:
+        stage.main(["no-such-stage"])
+    assert bad.value.code == 2
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def test_fetch_retries_transient_io_error_then_succeeds(tmp_path, prefect_harness, monkeypatch, multi30k_mirror):
+    import aiayn.stages.fetch as fetch_stage
+    from pipelines.flows import fetch
+
+    real_run, attempts = fetch_stage.run, []
+
+    def flaky(layout, mirror=None):
+        attempts.append(mirror)
+        if len(attempts) == 1:
+            raise ConnectionResetError("connection reset by peer (injected)")
+        return real_run(layout, mirror=mirror)
+
+    monkeypatch.setattr(fetch_stage, "run", flaky)
+    summary = fetch(root=str(tmp_path), mirror=str(multi30k_mirror))
+    assert len(attempts) == 2
+    assert summary["n_files"] == len((multi30k_mirror / "SHA256SUMS").read_text().splitlines())
+    assert (tmp_path / "data" / "multi30k" / "SHA256SUMS").is_file()
+
+
+def test_fetch_does_not_retry_a_checksum_error(tmp_path, prefect_harness, monkeypatch):
+    import aiayn.stages.fetch as fetch_stage
+    from aiayn.corpus import CorpusError
+    from pipelines.flows import fetch
+
+    attempts = []
+
+    def corrupt(layout, mirror=None):
+        attempts.append(1)
+        raise CorpusError("checksum mismatch for train.de.gz (injected)")
+
+    monkeypatch.setattr(fetch_stage, "run", corrupt)
+    state = fetch(root=str(tmp_path), return_state=True)
+    assert state.is_failed() and "checksum mismatch for train.de.gz (injected)" in state.message
+    assert len(attempts) == 1
+
+
+def test_is_transient_covers_network_errors_only():
+    import urllib.error
+
+    from pipelines.flows import is_transient
+
+    assert is_transient(TimeoutError()) and is_transient(urllib.error.URLError("x")) and is_transient(OSError())
+    assert not is_transient(ValueError("bad checksum")) and not is_transient(None)
+
+
+# --------------------------------------------------------------------------- report, deployments
+
+
+def test_render_report_lists_every_test_set_with_signatures():
+    from pipelines.pipeline import render_report
+
+    metrics = {"test_2016_flickr": {"bleu": 35.123, "chrf": 61.0, "bleu_lc_tok": 37.996}, "test_2017_mscoco": {"bleu": 20.0, "chrf": 50.5, "bleu_lc_tok": 21.004}}
+    scores = {s: {"bleu_signature": "nrefs:1|case:mixed|tok:13a", "chrf_signature": "nrefs:1|nc:6"} for s in metrics}
+    md = render_report(metrics=metrics, scores=scores, data_hashes={"data": "abc.dir", "artifacts/model": "x"},
+                       mlflow_link="http://mlflow/#/runs/1", ran=["train"], push={"pushed": 3, "remote": "local", "reason": None})
+    assert "| test_2016_flickr | 35.12 | 61.00 | 38.00 |" in md
+    assert "| test_2017_mscoco | 20.00 | 50.50 | 21.00 |" in md
+    assert "`nrefs:1|case:mixed|tok:13a`" in md and "`nrefs:1|nc:6`" in md
+    assert "md5 `abc.dir`" in md and "artifacts/model" not in md
+    assert "http://mlflow/#/runs/1" in md and "pushed 3 file(s)" in md
+    md = render_report(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=[], push={"pushed": None, "remote": None, "reason": "no remote"})
+    assert "No evaluation metrics" in md and "not pushed (no remote)" in md and "nothing (all stages up to date)" in md
+
+
+def test_deployment_table_builds_nightly_cron_on_the_work_pool(tmp_path):
+    from pipelines.deploy import DEPLOYMENTS, WORK_POOL, DeploymentSpec, build_deployments
+
+    (nightly,) = [d for d in build_deployments(tmp_path) if d.name == "nightly"]
+    assert nightly.flow_name == "pipeline" and nightly.work_pool_name == WORK_POOL
+    assert nightly.entrypoint == "pipelines.pipeline.pipeline"
+    assert nightly.parameters["root"] == str(tmp_path.resolve())
+    assert nightly.job_variables == {"working_dir": str(tmp_path.resolve())}
+    (schedule,) = nightly.schedules
+    assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "UTC"
+    assert len({d.name for d in DEPLOYMENTS}) == len(DEPLOYMENTS)
+    with pytest.raises(ValueError, match="not both"):
+        DeploymentSpec(name="x", flow="m:f", description="", cron="* * * * *", interval_s=60)
+
+
+# --------------------------------------------------------------------------- slow: the whole pipeline
+
+
+@pytest.mark.slow
+def test_pipeline_flow_reproduces_pushes_and_reports(tmp_path, prefect_harness, multi30k_mirror):
+    import json
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from pipelines.pipeline import REPORT_KEY, pipeline
+    from pipelines.scratch import scratch_project
+
+    root = scratch_project(tmp_path / "project", SMOKE)
+    state = pipeline(root=str(root), mirror=str(multi30k_mirror), return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["ran"] == ["prepare", "tokenize", "train", "evaluate"]
+    assert result["push"]["pushed"] > 0 and any((root / ".dvc-remote").rglob("*"))
+    metrics = json.loads((root / "artifacts" / "eval_metrics.json").read_text())
+    for split, m in metrics.items():
+        assert f"| {split} | {m['bleu']:.2f} | {m['chrf']:.2f} | {m['bleu_lc_tok']:.2f} |" in result["report"]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    assert set(lock["stages"]) == {"prepare", "tokenize", "train", "evaluate"}
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_KEY])))
+    assert any(a.type == "markdown" and a.data == result["report"] for a in artifacts)
+
+    again = pipeline(root=str(root), push=False)  # nothing changed: DVC runs nothing
+    assert again["ran"] == [] and again["push"] is None
+
+
+@pytest.mark.slow
+def test_pipeline_fails_with_the_failing_stage_message(tmp_path, prefect_harness, multi30k_mirror, monkeypatch):
+    from pipelines.pipeline import pipeline
+    from pipelines.scratch import scratch_project
+
+    bad = tmp_path / "bad.yaml"
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["data"]["test_splits"] = ["test_2099_missing"]
+    bad.write_text(yaml.safe_dump(cfg))
+    root = scratch_project(tmp_path / "project", bad)
+    monkeypatch.setenv("AIAYN_TRACKING", "0")
+    state = pipeline(root=str(root), mirror=str(multi30k_mirror), push=False, return_state=True)
+    assert state.is_failed()
+    assert "StageFailedError: stage prepare failed: CorpusError: raw corpus file(s) missing" in state.message
+    assert "test_2099_missing.en.gz" in state.message
+    assert not (root / "artifacts" / "prepared").exists()
