@@ -11,6 +11,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tests use tiny tensors: one intra-op thread avoids OpenMP spin-wait oversubscription when
+# several test processes (or helpers) share the 2 cores, and is faster for such sizes anyway.
+torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MIRROR = REPO_ROOT.parent / "shared" / "data" / "multi30k"

@@ -137,16 +137,13 @@ def presets(vocab_size: Annotated[int, typer.Option(help="Shared vocabulary (WMT
     from rich.console import Console
     from rich.table import Table
 
-    import torch
-
     from aiayn.config import MODEL_PRESETS, model_preset
     from aiayn.model import Transformer
 
     table = Table("preset", "d_model", "n_heads", "d_ff", "n_layers", "dropout", "parameters")
     for name in MODEL_PRESETS:
         cfg = model_preset(name, vocab_size=vocab_size)
-        with torch.device("meta"):
-            n = sum(p.numel() for p in Transformer(cfg).parameters())
+        n = Transformer(cfg, device="meta").num_parameters()
         table.add_row(name, str(cfg.d_model), str(cfg.n_heads), str(cfg.d_ff), str(cfg.n_layers), str(cfg.dropout), f"{n / 1e6:.1f}M")
     Console().print(table)
 

@@ -169,6 +169,7 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(5, ge=1, description="Step checkpoints kept on disk (oldest removed).")
     average_last: int = Field(5, ge=1, description="Average the last K checkpoints into the final model.")
     log_every: int = Field(50, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available, else CPU.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (None: torch default).")
 
 

@@ -101,7 +101,7 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
     excluded: extending a run's budget resumes it rather than restarting.
     """
     budget = {"max_steps", "max_epochs", "max_time_s", "validate_every", "checkpoint_every", "keep_checkpoints",
-              "average_last", "log_every", "num_threads"}
+              "average_last", "log_every", "num_threads", "device"}
     payload = {
         "model": model_cfg.model_dump(mode="json"),
         "train": {k: v for k, v in train_cfg.model_dump(mode="json").items() if k not in budget},
@@ -122,8 +122,9 @@ def validation_loss(model: Transformer, split: EncodedSplit, *, max_tokens: int,
     n_tokens = 0
     for indices in make_batches(split.src_lengths, split.tgt_lengths, max_tokens, data_seed=0, epoch=0):
         b = collate(split, indices)
-        logits = model(b.src, b.tgt_in)
-        loss, nll, n = label_smoothed_cross_entropy(logits, b.tgt_out, label_smoothing=label_smoothing)
+        device = next(model.parameters()).device
+        logits = model(b.src.to(device), b.tgt_in.to(device))
+        loss, nll, n = label_smoothed_cross_entropy(logits, b.tgt_out.to(device), label_smoothing=label_smoothing)
         loss_sum += float(loss)
         nll_sum += float(nll)
         n_tokens += n
@@ -214,8 +215,10 @@ def train(
     checkpoint_dir = Path(checkpoint_dir)
     fingerprint = config_fingerprint(model_cfg, train_cfg, data_id)
 
+    use_cuda = train_cfg.device == "cuda" or (train_cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
     torch.manual_seed(train_cfg.seed)
-    model = Transformer(model_cfg)
+    model = Transformer(model_cfg, device=device)
     model.train()
     optimizer = torch.optim.Adam(
         model.parameters(),
@@ -297,8 +300,9 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             loss_total = 0.0
             for b in batches:
-                logits = model(b.src, b.tgt_in)  # (B, T, V)
-                loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out, label_smoothing=train_cfg.label_smoothing)
+                logits = model(b.src.to(device), b.tgt_in.to(device))  # (B, T, V)
+                loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out.to(device),
+                                                          label_smoothing=train_cfg.label_smoothing)
                 (loss / n_tgt).backward()
                 loss_total += float(loss.detach())
             if train_cfg.clip_norm is not None:
