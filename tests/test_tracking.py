@@ -342,6 +342,8 @@ outs:
 
 def test_dvc_data_hashes(tmp_path: Path) -> None:
     assert dvc_data_hashes(tmp_path) == {}
+    (tmp_path / ".dvc").mkdir()  # a real DVC project has this directory; it is no .dvc file
+    (tmp_path / ".dvc" / "config").write_text("[core]\n")
     (tmp_path / "dvc.lock").write_text(DVC_LOCK)
     (tmp_path / "data.dvc").write_text(DATA_DVC)
     assert dvc_data_hashes(tmp_path) == {

@@ -222,7 +222,7 @@ def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
                     if p and h:
                         target[p] = h
 
-    for dvc_file in sorted(root.glob("*.dvc")):
+    for dvc_file in sorted(p for p in root.glob("*.dvc") if p.is_file()):  # not the .dvc/ directory
         doc = _load(dvc_file) or {}
         if not isinstance(doc, Mapping):
             raise ValueError(f"{dvc_file}: expected a mapping at top level, got {type(doc).__name__}")

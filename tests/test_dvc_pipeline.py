@@ -1,0 +1,138 @@
+"""The real ``dvc repro`` of the whole pipeline on the smoke configuration, in a scratch copy of the project.
+
+One module-scoped run (fetch from the mirror -> data.dvc -> prepare -> tokenize -> train ->
+evaluate, each stage through its Prefect flow), then checks on what it left: metrics per test
+set, a reproducible train output hash in dvc.lock, a no-op repro, the MLflow record and
+``aiayn translate`` on the trained bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+
+
+def sh(*cmd: str, cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, multi30k_mirror):
+    root = tmp_path_factory.mktemp("dvcproj")
+    for name in ("src", "pipelines"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copy(REPO / "configs" / "smoke.yaml", root / "params.yaml")
+    env = os.environ | {
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "AIAYN_DATA_MIRROR": str(multi30k_mirror),
+        "PREFECT_HOME": str(root / ".prefect"),
+        "DVC_NO_ANALYTICS": "1",
+        "DO_NOT_TRACK": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("AIAYN_PARENT_RUN_ID", None)
+    sh("git", "init", "-q", cwd=root, env=env)
+    sh(str(BIN / "dvc"), "init", "-q", cwd=root, env=env)
+    sh(str(BIN / "dvc"), "remote", "add", "-d", "local", str(root.parent / f"{root.name}-remote"), cwd=root, env=env)
+    sh(str(BIN / "aiayn"), "fetch", cwd=root, env=env)
+    sh(str(BIN / "dvc"), "add", "-q", "data", cwd=root, env=env)
+    t0 = time.perf_counter()
+    repro = sh(str(BIN / "dvc"), "repro", cwd=root, env=env, timeout=900)
+    return {"root": root, "env": env, "repro": repro, "seconds": time.perf_counter() - t0}
+
+
+def lock_out_md5(root: Path, stage: str, path: str) -> str:
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    return next(o["md5"] for o in lock["stages"][stage]["outs"] if o["path"] == path)
+
+
+def test_committed_data_dvc_matches_the_fetched_corpus(project):
+    """data.dvc in the repo is the hash of exactly what `aiayn fetch` produces."""
+    fetched = yaml.safe_load((project["root"] / "data.dvc").read_text())["outs"][0]
+    committed = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]
+    assert (fetched["md5"], fetched["nfiles"]) == (committed["md5"], committed["nfiles"])
+
+
+def test_repro_runs_every_stage_and_metrics_show_bleu_per_test_set(project):
+    root, env = project["root"], project["env"]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    assert set(lock["stages"]) == {"prepare", "tokenize", "train", "evaluate"}
+    shown = json.loads(sh(str(BIN / "dvc"), "metrics", "show", "--json", cwd=root, env=env).stdout)
+    metrics = shown[""]["data"]["artifacts/eval_metrics.json"]["data"]
+    for split in TEST_SETS:
+        assert 0.0 <= metrics[split]["bleu"] <= 100.0
+        assert 0.0 <= metrics[split]["chrf"] <= 100.0
+    text = sh(str(BIN / "dvc"), "metrics", "show", cwd=root, env=env).stdout
+    for split in TEST_SETS:
+        assert f"{split}.bleu" in text
+    scores = json.loads((root / "artifacts/eval/scores.json").read_text())
+    assert scores["test_2016_flickr"]["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    hyps = (root / "artifacts/eval/test_2016_flickr.hyp.de").read_text().splitlines()
+    assert len(hyps) == 40  # configs/smoke.yaml: max_eval_pairs
+
+
+def test_noop_repro_is_fast_and_changes_nothing(project):
+    root, env = project["root"], project["env"]
+    before = (root / "dvc.lock").read_text()
+    t0 = time.perf_counter()
+    out = sh(str(BIN / "dvc"), "repro", cwd=root, env=env).stdout
+    seconds = time.perf_counter() - t0
+    assert "up to date" in out.lower()
+    assert (root / "dvc.lock").read_text() == before
+    assert seconds < 15, f"no-op dvc repro took {seconds:.1f} s"
+
+
+def test_train_stage_twice_gives_the_same_output_hash(project):
+    root, env = project["root"], project["env"]
+    first = lock_out_md5(root, "train", "artifacts/model")
+    shutil.rmtree(root / "artifacts" / "checkpoints")  # no resume: retrain from scratch
+    sh(str(BIN / "dvc"), "repro", "-f", "-s", "train", cwd=root, env=env)
+    assert lock_out_md5(root, "train", "artifacts/model") == first
+
+
+def test_mlflow_recorded_the_pipeline_run(project):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project['root'] / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("aiayn")
+    runs = client.search_runs([exp.experiment_id])
+    train_run = next(r for r in runs if r.info.run_name == "train")
+    eval_run = next(r for r in runs if r.info.run_name == "evaluate")
+    assert train_run.data.params["train.seed"] == "1" and train_run.data.params["train.data_seed"] == "1"
+    parent = train_run.data.tags["mlflow.parentRunId"]
+    assert eval_run.data.tags["mlflow.parentRunId"] == parent
+    history = client.get_metric_history(train_run.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(5, 31, 5))  # log_every 5, max_steps 30
+    assert "test_2016_flickr.bleu" in eval_run.data.metrics
+    assert any(k.startswith("data_hash.") for k in train_run.data.tags)
+
+
+def test_translate_cli_on_the_trained_bundle(project):
+    root, env = project["root"], project["env"]
+    proc = subprocess.run([str(BIN / "aiayn"), "translate", "--model-dir", "artifacts/model", "--beam-size", "2"],
+                          input="A man is riding a bike.\nTwo dogs play in the snow.\n", cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all("▁" not in line for line in lines)
+    bad = subprocess.run([str(BIN / "aiayn"), "translate", "--model-dir", "nowhere"], input="x\n", cwd=root, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not found" in bad.stderr

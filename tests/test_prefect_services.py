@@ -1,0 +1,191 @@
+"""Integration (``services`` tier): real ``prefect server`` + deployments + a process worker.
+
+Starts ``prefect server start`` on a free loopback port (``PREFECT_HOME`` in a temp
+dir), deploys ``pipelines.deploy.DEPLOYMENTS`` for a scratch smoke project, checks
+the schedules through the API, triggers the nightly ``pipeline`` deployment by hand,
+runs a worker until the run ends, and checks the final state, the report artifact and
+the four stage flow runs ``dvc repro`` reported to the same server. The server and the
+worker run in their own process groups and are always stopped (fixture finalizers).
+
+Run with ``pytest -m services``; takes ~3-6 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+VENV_BIN = Path(sys.executable).parent
+
+SERVER_START_TIMEOUT_S = 180
+RUN_TIMEOUT_S = 1200
+STOP_TIMEOUT_S = 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 1.0) -> object:
+    """Poll ``predicate`` until it returns something truthy; ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not after {timeout_s} s")
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+
+
+def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:  # the child keeps its own handle
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, SIGKILL it if it has not exited after ``STOP_TIMEOUT_S``."""
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="module")
+def services_env(tmp_path_factory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    return {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "DVC_NO_ANALYTICS": "1",
+    }
+
+
+@pytest.fixture(scope="module")
+def prefect_server(services_env) -> Iterator[str]:
+    """A real ``prefect server start`` on 127.0.0.1; yields its API URL; always stopped."""
+    url = services_env["PREFECT_API_URL"]
+    port = str(urllib.parse.urlsplit(url).port)
+    log = Path(services_env["PREFECT_HOME"]) / "server.log"
+    proc = _start(
+        [str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", port],
+        services_env,
+        log,
+    )
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    try:
+        _wait_for(healthy, SERVER_START_TIMEOUT_S, f"prefect server at {url}")
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.timeout(SERVER_START_TIMEOUT_S + RUN_TIMEOUT_S + 300)
+def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_path, multi30k_mirror):
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from pipelines.deploy import DEPLOYMENTS, WORK_POOL, deploy
+    from pipelines.pipeline import REPORT_KEY
+    from pipelines.scratch import scratch_project
+
+    root = scratch_project(tmp_path / "project", SMOKE)
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server}):
+        ids = deploy(root)
+        assert set(ids) == {f"{spec.flow.rpartition(':')[2]}/{spec.name}" for spec in DEPLOYMENTS}
+
+        with get_client(sync_client=True) as client:
+            nightly = client.read_deployment_by_name("pipeline/nightly")
+            assert nightly.id == ids["pipeline/nightly"]
+            assert nightly.work_pool_name == WORK_POOL
+            assert client.read_work_pool(WORK_POOL).type == "process"
+            assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in nightly.schedules] == [
+                ("0 2 * * *", "UTC", True)
+            ]
+            assert nightly.parameters == {"root": str(root), "push": True}
+
+        flow_run = run_deployment("pipeline/nightly", timeout=0, as_subflow=False)
+        worker_log = tmp_path / "worker.log"
+        worker = _start(
+            [str(VENV_BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--name", "test-worker"],
+            {**services_env, "AIAYN_DATA_MIRROR": str(multi30k_mirror)},
+            worker_log,
+        )
+        try:
+            with get_client(sync_client=True) as client:
+
+                def final_state():
+                    if worker.poll() is not None:
+                        raise RuntimeError(f"worker exited with {worker.returncode}:\n{_tail(worker_log)}")
+                    state = client.read_flow_run(flow_run.id).state
+                    return state if state is not None and state.is_final() else None
+
+                state = _wait_for(final_state, RUN_TIMEOUT_S, f"flow run {flow_run.id}", interval_s=3)
+        finally:
+            _stop(worker)
+        assert state.type == StateType.COMPLETED, f"{state.type}: {state.message}\n{_tail(worker_log, 80)}"
+
+        with get_client(sync_client=True) as client:
+            artifacts = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_KEY])),
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+            )
+            stage_runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"pipeline-run:{flow_run.id}"]))
+            )
+            stage_flows = sorted(client.read_flow(r.flow_id).name for r in stage_runs)
+    assert len(artifacts) == 1 and artifacts[0].type == "markdown"
+    for split in ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"):
+        assert f"| {split} |" in artifacts[0].data
+    assert stage_flows == ["evaluate", "prepare", "tokenize", "train"]
+    assert all(r.state.type == StateType.COMPLETED for r in stage_runs)
+    assert (root / "dvc.lock").is_file() and (root / "artifacts" / "eval_metrics.json").is_file()
