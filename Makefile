@@ -24,11 +24,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 install: $(VENV)/.installed
 
-## The main job: corpus (download, or copy from $$AIAYN_DATA_MIRROR), then the DVC pipeline.
+## The main job: the Prefect `pipeline` flow = fetch the corpus (download, or copy from
+## $$AIAYN_DATA_MIRROR) -> `dvc repro` (DVC decides what is stale) -> `dvc push` -> report.
 run: install
-	aiayn fetch
-	test -f data.dvc && dvc status data.dvc >/dev/null || true
-	dvc repro
+	python -m pipelines.pipeline
 	dvc metrics show
 
 test: install

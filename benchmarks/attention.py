@@ -20,10 +20,12 @@ one of them the recomputation of the scores), so forward+backward counts
 ``3.5x`` forward. (Triton tutorial 06's "bwd" mode times the backward alone,
 which is 2.5x.) TFLOP/s = FLOPs / time.
 
-Prints a markdown table (ms, TFLOP/s, and the Triton/SDPA-flash speed ratio,
->1 = Triton faster); ``--out FILE`` also writes it (atomically), with the GPU
-name, torch/triton versions and the date. Exits with status 2 and a message
-when there is no CUDA device.
+Prints a markdown table (ms, TFLOP/s, the Triton/SDPA-flash speed ratio,
+>1 = Triton faster, and for forward rows max |triton - sdpa-flash| on the same
+inputs as a sanity check of the tuned configs); ``--out FILE`` also writes it
+(atomically, after every row), with the GPU name, torch/triton versions and
+the date. Exit status: 0, 1 if a sanity difference exceeds ``MAX_DIFF_BF16``,
+2 (with a message) when there is no CUDA device.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 TOTAL_TOKENS = 16384  # B * T per measurement (FlashAttention-2 benchmark convention)
 HIDDEN = 2048  # n_heads * head_dim
 PROVIDERS = ("triton", "sdpa-flash", "sdpa-efficient")
+MAX_DIFF_BF16 = 3e-2  # sanity bound on max |triton - sdpa-flash| (bf16 outputs of size ~1: a few ulps)
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Row:
     n_heads: int
     ms: dict[str, float]  # provider -> milliseconds (nan: not supported)
     tflops: dict[str, float]
+    max_diff: float = float("nan")  # fwd rows: max |triton - sdpa-flash| on the same inputs
 
 
 def attention_flops(batch: int, n_heads: int, q_len: int, k_len: int, head_dim: int, causal: bool, mode: str) -> float:
@@ -78,16 +82,22 @@ def _provider_fn(provider: str, causal: bool):
     return run
 
 
+def _inputs(seq_len: int, head_dim: int, dtype: torch.dtype):
+    """Seeded q, k, v ``(B, n_heads, T, head_dim)`` on CUDA (B = TOTAL_TOKENS // T, n_heads = HIDDEN // head_dim)."""
+    batch = max(1, TOTAL_TOKENS // seq_len)
+    n_heads = HIDDEN // head_dim
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (batch, n_heads, seq_len, head_dim)
+    return tuple(torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+
+
 def time_one(provider: str, seq_len: int, head_dim: int, causal: bool, mode: str, *, warmup_ms: int, rep_ms: int,
              dtype: torch.dtype = torch.bfloat16) -> tuple[float, int, int]:
     """Median milliseconds of one call (fwd) or one forward+backward; returns (ms, B, n_heads)."""
     import triton.testing
 
-    batch = max(1, TOTAL_TOKENS // seq_len)
-    n_heads = HIDDEN // head_dim
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = (batch, n_heads, seq_len, head_dim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    q, k, v = _inputs(seq_len, head_dim, dtype)
+    batch, n_heads = q.shape[:2]
     fn = _provider_fn(provider, causal)
     if mode == "fwd":
         def step():
@@ -96,7 +106,7 @@ def time_one(provider: str, seq_len: int, head_dim: int, causal: bool, mode: str
     else:
         for t in (q, k, v):
             t.requires_grad_(True)
-        do = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+        do = torch.randn_like(q)
 
         def step():
             fn(q, k, v).backward(do)
@@ -107,18 +117,27 @@ def time_one(provider: str, seq_len: int, head_dim: int, causal: bool, mode: str
     return float(ms), batch, n_heads
 
 
+def max_diff_vs_sdpa(seq_len: int, head_dim: int, causal: bool, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Sanity check next to the timings: max |triton - sdpa-flash| forward output on the same inputs."""
+    q, k, v = _inputs(seq_len, head_dim, dtype)
+    with torch.no_grad():
+        a = _provider_fn("triton", causal)(q, k, v)
+        b = _provider_fn("sdpa-flash", causal)(q, k, v)
+    return (a.float() - b.float()).abs().max().item()
+
+
 def format_table(rows: list[Row]) -> str:
     head = ("| seq | head_dim | causal | mode | B x H | "
             + " | ".join(f"{p} ms" for p in PROVIDERS) + " | "
-            + " | ".join(f"{p} TFLOP/s" for p in PROVIDERS) + " | triton / sdpa-flash |")
-    sep = "|" + "---|" * (6 + 2 * len(PROVIDERS))
+            + " | ".join(f"{p} TFLOP/s" for p in PROVIDERS) + " | triton / sdpa-flash | max abs diff |")
+    sep = "|" + "---|" * (7 + 2 * len(PROVIDERS))
     lines = [head, sep]
     for r in rows:
         ratio = r.ms["sdpa-flash"] / r.ms["triton"] if r.ms["triton"] == r.ms["triton"] else float("nan")
         lines.append(
             f"| {r.seq_len} | {r.head_dim} | {'yes' if r.causal else 'no'} | {r.mode} | {r.batch} x {r.n_heads} | "
             + " | ".join(f"{r.ms[p]:.3f}" for p in PROVIDERS) + " | "
-            + " | ".join(f"{r.tflops[p]:.0f}" for p in PROVIDERS) + f" | {ratio:.2f}x |"
+            + " | ".join(f"{r.tflops[p]:.0f}" for p in PROVIDERS) + f" | {ratio:.2f}x | {r.max_diff:.1e} |"
         )
     return "\n".join(lines)
 
@@ -156,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import triton
 
+    from aiayn.io import atomic_write_text
+
     device = torch.cuda.get_device_name()
     header = (f"Attention benchmark, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {device}, "
               f"torch {torch.__version__}, triton {triton.__version__}, bf16, B*T={TOTAL_TOKENS}, "
@@ -184,16 +205,25 @@ def main(argv: list[str] | None = None) -> int:
                         flops = attention_flops(batch or max(1, TOTAL_TOKENS // seq_len), HIDDEN // head_dim,
                                                 seq_len, seq_len, head_dim, causal, mode)
                         tflops[provider] = flops / (ms[provider] * 1e-3) / 1e12
-                    rows.append(Row(seq_len, head_dim, causal, mode, batch, n_heads, ms, tflops))
+                    max_diff = float("nan")
+                    if mode == "fwd":
+                        try:
+                            max_diff = max_diff_vs_sdpa(seq_len, head_dim, causal)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"  max-diff check failed: {type(e).__name__}: {e}", file=sys.stderr)
+                    rows.append(Row(seq_len, head_dim, causal, mode, batch, n_heads, ms, tflops, max_diff))
                     print(format_table(rows[-1:]).splitlines()[-1], flush=True)
-    table = format_table(rows)
+                    if args.out:  # rewritten after every row: a time limit still leaves a table
+                        atomic_write_text(args.out, header + "\n\n" + format_table(rows) + "\n")
     print()
-    print(table)
+    print(format_table(rows))
     if args.out:
-        from aiayn.io import atomic_write_text
-
-        atomic_write_text(args.out, header + "\n\n" + table + "\n")
         print(f"wrote {args.out}")
+    bad = [r for r in rows if not r.max_diff <= MAX_DIFF_BF16 and r.mode == "fwd"]
+    if bad:
+        print(f"WARNING: {len(bad)} row(s) with max |triton - sdpa-flash| > {MAX_DIFF_BF16} (or not computed)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

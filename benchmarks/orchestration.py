@@ -1,21 +1,22 @@
 """Orchestration overhead: each stage through its Prefect flow vs the stage function called directly.
 
 One process, one scratch project on the smoke configuration (``pipelines.scratch``),
-the corpus copied from the mirror once. For every stage and round the same stage
-runs directly (``aiayn.stages.<name>.run``) and as its flow (``pipelines.flows``)
-against Prefect's temporary local API, and, with ``--server URL``, against a running
-Prefect server; the order alternates between rounds so machine noise hits all alike.
-Train checkpoints are deleted before each train run (else it would resume, finished).
-Tables report medians.
+the corpus copied from the mirror once. Four measurements, all in the same run:
 
-``--subprocess`` also times each stage the way ``dvc repro`` runs it: a fresh
-``python -m pipelines.stage <name>`` process vs ``aiayn <name>`` (the CLI without
-Prefect); without ``--server`` every such process starts its own temporary API.
+1. **Stages in-process**: for every stage and round, the stage function
+   (``aiayn.stages.<name>.run``) and its flow (``pipelines.flows``), against Prefect's
+   temporary local API and, with ``--server URL``, a running Prefect server. The order
+   alternates between rounds so machine noise hits all alike; train checkpoints are
+   deleted before each train run (else it would resume, already finished). Medians.
+2. **Wrapper only**: the same flow/task wrapper around a stage that does nothing
+   (``--wrapper-reps`` repetitions): the fixed per-stage cost, free of stage noise.
+3. **As DVC runs a stage** (``--subprocess``): a fresh ``python -m pipelines.stage
+   <name>`` process vs ``aiayn <name>`` (the CLI, no Prefect), for ``--subprocess-stages``;
+   without a server every such process starts its own temporary API.
+4. **No-op ``dvc repro``** (outputs committed, nothing changed): through the ``dvc`` CLI
+   and through the Python API the ``pipeline`` flow uses.
 
-Finally a no-op ``dvc repro`` (outputs committed, nothing changed) is timed through the
-``dvc`` CLI and through the Python API the ``pipeline`` flow uses.
-
-    python benchmarks/orchestration.py [--server http://127.0.0.1:4200/api] [--rounds 1]
+    python benchmarks/orchestration.py [--server http://127.0.0.1:4200/api] [--rounds 3]
         [--stages prepare,tokenize,train,evaluate] [--subprocess] [--params configs/smoke.yaml]
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import platform
 import shutil
@@ -31,11 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("prepare", "tokenize", "train", "evaluate")
+VENV_BIN = Path(sys.executable).parent
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -48,15 +52,11 @@ def _timed(fn: Callable[[], object]) -> float:
 def _table(title: str, rows: list[tuple[str, float, float]], base: str = "direct s", other: str = "prefect s") -> str:
     """Markdown table: stage, base s, other s, overhead s, overhead % (+ a total row)."""
     lines = [f"### {title}", "", f"| stage | {base} | {other} | overhead s | overhead % |", "|---|---:|---:|---:|---:|"]
-    total_a = total_b = 0.0
     for stage, a, b in rows:
-        total_a, total_b = total_a + a, total_b + b
         lines.append(f"| {stage} | {a:.2f} | {b:.2f} | {b - a:+.2f} | {100 * (b - a) / a:+.1f} |")
     if len(rows) > 1:
-        lines.append(
-            f"| **total** | {total_a:.2f} | {total_b:.2f} | {total_b - total_a:+.2f} | "
-            f"{100 * (total_b - total_a) / total_a:+.1f} |"
-        )
+        a, b = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        lines.append(f"| **total** | {a:.2f} | {b:.2f} | {b - a:+.2f} | {100 * (b - a) / a:+.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -72,46 +72,144 @@ def _api(url: str | None) -> Iterator[None]:
         yield
 
 
+def _setup_env(mirror: str, work: Path) -> None:
+    """Quiet, isolated tools; must run before Prefect is imported."""
+    os.environ.pop("PREFECT_API_URL", None)  # "temporary API" must mean that; a server is --server
+    os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))
+    for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "DVC_NO_ANALYTICS": "1",
+                       "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "AIAYN_DATA_MIRROR": mirror}.items():
+        os.environ.setdefault(key, value)
+    os.environ["PATH"] = os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")])  # `dvc`, `aiayn`, `python`
+
+
+def bench_in_process(root: Path, stages: list[str], modes: dict[str, str | None], rounds: int) -> dict:
+    """``{(stage, "direct" | mode): [seconds per round]}`` for stage functions and their flows."""
+    from aiayn.config import load_params
+    from aiayn.stages import Layout
+    from pipelines.flows import STAGE_FLOWS
+
+    layout, params = Layout(root), load_params(root / "params.yaml")
+
+    def direct(stage: str) -> None:
+        importlib.import_module(f"aiayn.stages.{stage}").run(params, layout)
+
+    def through(stage: str, url: str | None) -> None:
+        with _api(url):
+            state = STAGE_FLOWS[stage](params_path="params.yaml", root=str(root), return_state=True)
+        if not state.is_completed():
+            raise RuntimeError(f"{stage} flow: {state.message}")
+
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        for stage in stages:
+            runs = [("direct", lambda s=stage: direct(s))]
+            runs += [(mode, lambda s=stage, u=url: through(s, u)) for mode, url in modes.items()]
+            for name, fn in runs if r % 2 == 0 else runs[::-1]:
+                if stage == "train":
+                    shutil.rmtree(layout.checkpoints, ignore_errors=True)
+                times.setdefault((stage, name), []).append(_timed(fn))
+                print(f"round {r} {stage:9s} {name:40s} {times[(stage, name)][-1]:7.2f} s", file=sys.stderr)
+    return times
+
+
+def bench_wrapper(root: Path, modes: dict[str, str | None], reps: int) -> dict[str, tuple[float, float]]:
+    """``{mode: (direct s, flow s)}``, medians of ``reps``: a do-nothing stage, bare vs in the stage flow wrapper."""
+    from prefect import flow
+
+    from aiayn.config import load_params
+    from aiayn.stages import Layout
+    from pipelines.flows import run_stage
+
+    sys.modules["aiayn.stages.noop"] = stub = types.ModuleType("aiayn.stages.noop")
+    stub.run = lambda params, layout: {}
+
+    @flow(name="noop-stage", log_prints=True)
+    def noop_stage(params_path: str = "params.yaml", root: str = ".") -> dict:
+        """The shape of every stage flow (pipelines.flows), around a stage that does nothing."""
+        return run_stage("noop", load_params(Path(root) / params_path), Layout(Path(root)))
+
+    def bare() -> None:
+        stub.run(load_params(root / "params.yaml"), Layout(root))
+
+    out = {}
+    for mode, url in modes.items():
+        with _api(url):
+            wrapped = [_timed(lambda: noop_stage(root=str(root))) for _ in range(reps)]
+        out[mode] = (statistics.median(_timed(bare) for _ in range(reps)), statistics.median(wrapped))
+    return out
+
+
+def bench_subprocess(root: Path, stages: list[str], url: str | None) -> list[tuple[str, float, float]]:
+    """``[(stage, aiayn s, pipelines.stage s)]``: one fresh process each, as a DVC stage cmd runs."""
+    env = dict(os.environ)
+    if url:
+        env["PREFECT_API_URL"] = url
+    rows = []
+    for stage in stages:
+        cli = [str(VENV_BIN / "aiayn"), stage, "--root", str(root), "--params", str(root / "params.yaml")]
+        via = [sys.executable, "-m", "pipelines.stage", stage, "--root", str(root)]
+        pair = []
+        for cmd in (cli, via):
+            if stage == "train":
+                shutil.rmtree(root / "artifacts" / "checkpoints", ignore_errors=True)
+            pair.append(_timed(lambda c=cmd: subprocess.run(c, env=env, cwd=root, check=True,
+                                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        print(f"subprocess {stage:9s} {url or 'temporary API':40s} {pair[0]:7.2f} {pair[1]:7.2f} s", file=sys.stderr)
+        rows.append((stage, *pair))
+    return rows
+
+
+def bench_noop_repro(root: Path) -> tuple[float, float]:
+    """``(CLI s, API s)`` of a ``dvc repro`` that has nothing to do (outputs committed first)."""
+    from dvc.repo import Repo
+
+    with contextlib.chdir(root), Repo(str(root)) as repo:
+        repo.commit(force=True)  # record the outputs made above in dvc.lock
+    cli_s = _timed(lambda: subprocess.run(["dvc", "repro", "--quiet"], cwd=root, check=True))
+
+    def api_repro() -> None:
+        with contextlib.chdir(root), Repo(str(root)) as repo:
+            if ran := repo.reproduce():
+                raise RuntimeError(f"no-op repro ran {ran}")
+
+    return cli_s, _timed(api_repro)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the markdown tables."""
+    """Run the benchmark and print the markdown tables on stdout (progress on stderr)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=None, help="API URL of a running Prefect server (e.g. http://127.0.0.1:4200/api)")
     ap.add_argument("--params", default=str(REPO / "configs" / "smoke.yaml"), help="params file (default: smoke)")
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages, in pipeline order")
     ap.add_argument("--rounds", type=int, default=1, help="repetitions per stage and mode (median reported)")
+    ap.add_argument("--wrapper-reps", type=int, default=5, help="repetitions of the do-nothing stage")
     ap.add_argument("--subprocess", action="store_true", help="also time `python -m pipelines.stage` vs `aiayn` processes")
+    ap.add_argument("--subprocess-stages", default="prepare,tokenize,evaluate",
+                    help="stages for --subprocess (the per-process cost does not depend on the stage)")
     ap.add_argument("--mirror", default=os.environ.get("AIAYN_DATA_MIRROR", str(REPO.parent / "shared" / "data" / "multi30k")))
     args = ap.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
-    if unknown := [s for s in stages if s not in STAGES]:
+    sub_stages = [s for s in args.subprocess_stages.split(",") if s]
+    if unknown := [s for s in stages + sub_stages if s not in STAGES]:
         ap.error(f"unknown stage(s) {unknown}; choose from {STAGES}")
 
     work = Path(tempfile.mkdtemp(prefix="aiayn-bench-orch-"))
-    os.environ.pop("PREFECT_API_URL", None)  # "temporary API" must mean that; a server is --server
-    os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))  # before prefect is imported
-    for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "DVC_NO_ANALYTICS": "1",
-                       "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "AIAYN_DATA_MIRROR": args.mirror}.items():
-        os.environ.setdefault(key, value)
-
-    import importlib
-
+    _setup_env(args.mirror, work)
     from prefect import flow
 
-    from aiayn.config import load_params
     from aiayn.stages import Layout
-    from pipelines.flows import STAGE_FLOWS
     from pipelines.scratch import scratch_project
 
     try:
-        root = scratch_project(work / "project", args.params)
-        layout, params = Layout(root), load_params(root / "params.yaml")
-        importlib.import_module("aiayn.stages.fetch").run(layout, mirror=Path(args.mirror))
-        for stage in stages:  # import outside the timings (both modes share the process)
+        with contextlib.redirect_stdout(sys.stderr):  # `dvc init` chatter
+            root = scratch_project(work / "project", args.params)
+        importlib.import_module("aiayn.stages.fetch").run(Layout(root), mirror=Path(args.mirror))
+        for stage in STAGES:  # imports (torch, ...) outside the timings
             importlib.import_module(f"aiayn.stages.{stage}")
 
         @flow(name="noop")
         def noop() -> None:
-            """Nothing: the first call of a process pays the API start-up."""
+            """Nothing: the first flow call of a process pays the API start-up."""
 
         modes: dict[str, str | None] = {"temporary API": None}
         if args.server:
@@ -121,68 +219,29 @@ def main(argv: list[str] | None = None) -> int:
             with _api(url):
                 startup[mode] = _timed(noop)
 
-        def direct(stage: str) -> None:
-            importlib.import_module(f"aiayn.stages.{stage}").run(params, layout)
-
-        def through(stage: str, url: str | None) -> None:
-            with _api(url):
-                state = STAGE_FLOWS[stage](params_path="params.yaml", root=str(root), return_state=True)
-            if not state.is_completed():
-                raise RuntimeError(f"{stage} flow: {state.message}")
-
-        times: dict[tuple[str, str], list[float]] = {}
-        for r in range(args.rounds):
-            for stage in stages:
-                runs = [("direct", lambda s=stage: direct(s))]
-                runs += [(mode, lambda s=stage, u=url: through(s, u)) for mode, url in modes.items()]
-                for name, fn in runs if r % 2 == 0 else runs[::-1]:
-                    if stage == "train":
-                        shutil.rmtree(layout.checkpoints, ignore_errors=True)
-                    times.setdefault((stage, name), []).append(_timed(fn))
-                    print(f"round {r} {stage:9s} {name:40s} {times[(stage, name)][-1]:7.2f} s", file=sys.stderr)
+        times = bench_in_process(root, stages, modes, args.rounds)
+        wrapper = bench_wrapper(root, modes, args.wrapper_reps)
+        sub = {mode: bench_subprocess(root, sub_stages, url) for mode, url in modes.items()} if args.subprocess else {}
+        if set(stages) != set(STAGES):  # dvc.lock needs every stage's outputs
+            bench_in_process(root, [s for s in STAGES if s not in stages], {}, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            cli_s, api_s = bench_noop_repro(root)
 
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-              f"Python {platform.python_version()}; params {args.params}; {args.rounds} round(s), medians.\n")
+        print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs (shared); Python {platform.python_version()}; "
+              f"params {Path(args.params).name}; {args.rounds} round(s), medians.\n")
         for mode in modes:
-            print(f"First flow call of the process ({mode}): {startup[mode]:.2f} s (one-off API start-up / connection)\n")
-            print(_table(f"In-process: stage function vs its flow ({mode})",
+            print(f"First flow call of a process ({mode}): {startup[mode]:.2f} s (one-off: API start-up or connection)\n")
+            print(_table(f"Stages in-process: function vs flow ({mode})",
                          [(s, med[(s, "direct")], med[(s, mode)]) for s in stages]))
-
-        if args.subprocess:
-            env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-            if args.server:
-                env["PREFECT_API_URL"] = args.server
-            rows = []
-            for stage in stages:
-                cli = [str(Path(sys.executable).parent / "aiayn"), stage, "--root", str(root), "--params", str(root / "params.yaml")]
-                via = [sys.executable, "-m", "pipelines.stage", stage, "--root", str(root)]
-                pair = []
-                for cmd in (cli, via):
-                    if stage == "train":
-                        shutil.rmtree(layout.checkpoints, ignore_errors=True)
-                    pair.append(_timed(lambda c=cmd: subprocess.run(c, env=env, cwd=root, check=True,
-                                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-                rows.append((stage, *pair))
-            where = f"server {args.server}" if args.server else "a temporary API per process"
-            print(_table(f"As DVC runs a stage: fresh process, `aiayn <stage>` vs `python -m pipelines.stage` ({where})",
+        print(f"### Wrapper only: a do-nothing stage as a flow (median of {args.wrapper_reps})\n\n"
+              "| API | bare s | flow s (= fixed per-stage overhead) |\n|---|---:|---:|")
+        print("\n".join(f"| {mode} | {a:.3f} | {b:.2f} |" for mode, (a, b) in wrapper.items()) + "\n")
+        for mode, rows in sub.items():
+            print(_table(f"As DVC runs a stage: fresh process, `aiayn <stage>` vs `python -m pipelines.stage` ({mode})",
                          rows, base="aiayn s", other="pipelines.stage s"))
-
-        from dvc.repo import Repo
-
-        with contextlib.chdir(root), Repo(str(root)) as repo:
-            repo.commit(force=True)  # record the outputs made above in dvc.lock
-        env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-        cli_s = _timed(lambda: subprocess.run(["dvc", "repro"], cwd=root, env=env, check=True, stdout=subprocess.DEVNULL))
-
-        def api_repro() -> None:
-            with contextlib.chdir(root), Repo(str(root)) as repo:
-                if ran := repo.reproduce():
-                    raise RuntimeError(f"no-op repro ran {ran}")
-
-        api_s = _timed(api_repro)
         print("### No-op `dvc repro` (nothing changed)\n\n| how | s |\n|---|---:|")
-        print(f"| `dvc repro` (CLI process) | {cli_s:.2f} |\n| `Repo(root).reproduce()` (pipeline flow's call) | {api_s:.2f} |")
+        print(f"| `dvc repro` (CLI process) | {cli_s:.2f} |\n| `Repo(root).reproduce()` (the pipeline flow's call) | {api_s:.2f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -7,11 +7,14 @@ stage's own error message (the exception propagates: the flow run ends
 ``Failed`` with ``"<ExceptionType>: <stage message>"``).
 
 Retries: only I/O is retried (``io_task``: fetching the corpus, DVC remote
-transfers, tracking calls), with exponential back-off and only for transient
-errors (``OSError`` and its kin: ``ConnectionError``, ``TimeoutError``,
+transfers), with exponential back-off and only for transient errors
+(``OSError`` and its kin: ``ConnectionError``, ``TimeoutError``,
 ``urllib.error.URLError``). Compute stages (prepare, tokenize, train,
 evaluate) are never retried: a failure there is a bug or bad input, and
-re-running a 45-minute training would only repeat it.
+re-running a 45-minute training would only repeat it. MLflow calls happen in
+the stages' ``aiayn.tracking.Tracker``, which bounds its own HTTP retries and
+never fails a stage (it disables itself with one warning), so a Prefect retry
+around them would have nothing to catch.
 
 Partial outputs: every stage writes atomically (``aiayn.io``: files renamed
 into place, directories swapped in whole), so a failed stage leaves no output

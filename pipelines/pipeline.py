@@ -8,7 +8,9 @@ One run of this flow is one pipeline run:
    parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
    pipeline: when MLflow is unreachable the tracker disables itself (one warning).
 2. **Fetch** (``io_task``, retried on transient I/O errors): makes sure the verified raw
-   corpus is in ``data/multi30k`` (files already there with the right hash are kept).
+   corpus is in ``data/multi30k`` (files already there with the right hash are kept);
+   then, when it matches ``data.dvc``, puts it in the DVC cache so the push uploads it (a
+   corpus that differs from ``data.dvc`` is reported, never committed).
 3. **Reproduce**: ``dvc.repo.Repo(root).reproduce()``, so DVC alone decides what is
    stale. Each ``dvc.yaml`` cmd (``python -m pipelines.stage <name>``) runs its stage
    flow, reported to the same Prefect API as this flow (``PREFECT_API_URL`` exported),
@@ -45,7 +47,7 @@ from aiayn.tracking import Tracker, dvc_data_hashes
 from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task
 from pipelines.stage import ERROR_FILE_ENV, PIPELINE_RUN_ENV
 
-__all__ = ["pipeline", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
+__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
 
 #: Key of the markdown artifact (Prefect UI -> Artifacts); lowercase letters, digits, dashes.
 REPORT_KEY = "aiayn-pipeline-report"
@@ -115,6 +117,37 @@ def dvc_repro(root: str, env: dict[str, str | None]) -> list[str]:
     return ran
 
 
+@task(name="dvc-cache-data", cache_policy=NO_CACHE, persist_result=False)
+def dvc_cache_data(root: str) -> dict[str, str]:
+    """Cache the data of each ``*.dvc`` file that matches its recorded hash, so ``dvc push`` uploads it.
+
+    Returns ``{".dvc file": "up to date" | "cached" | "differs from its .dvc file: <dvc status>"}``.
+    Data that differs is reported (warning), never committed: versioning a new corpus is
+    a deliberate ``dvc add``, not a side effect of a scheduled run.
+    """
+    from dvc.repo import Repo
+
+    logger = get_run_logger()
+    result: dict[str, str] = {}
+    dvc_files = sorted(p.name for p in Path(root).glob("*.dvc") if p.is_file())
+    if not dvc_files:
+        return result
+    with contextlib.chdir(root), Repo(root) as repo:
+        for name in dvc_files:
+            changes = repo.status(targets=[name]).get(name, [])
+            kinds = {v for change in changes for v in (change.get("changed outs") or {}).values()}
+            only_uncached = bool(changes) and kinds == {"not in cache"} and all(set(c) == {"changed outs"} for c in changes)
+            if not changes:
+                result[name] = "up to date"
+            elif only_uncached:
+                repo.commit(name)  # same hash: only fills the cache, the .dvc file is unchanged
+                result[name] = "cached"
+            else:
+                result[name] = f"differs from its .dvc file: {changes}"
+                logger.warning("%s: %s (not committed; run `dvc add` to version it)", name, result[name])
+    return result
+
+
 @io_task(name="dvc-push", transient=TRANSIENT_ERRORS + _upload_error())
 def dvc_push(root: str) -> dict[str, Any]:
     """Push DVC-tracked data and outputs to the default remote; a missing remote is reported, not raised."""
@@ -156,6 +189,7 @@ def render_report(
     metrics: dict[str, dict[str, float]] | None,
     scores: dict[str, Any] | None,
     data_hashes: dict[str, str] | str,
+    data_status: dict[str, str] | None = None,
     mlflow_link: str | None,
     ran: list[str],
     push: dict[str, Any] | None,
@@ -165,8 +199,8 @@ def render_report(
 
     ``metrics``: ``{split: {"bleu", "chrf", "bleu_lc_tok"}}`` (0-100, sacreBLEU);
     ``scores``: ``artifacts/eval/scores.json`` (``{split: {..., "bleu_signature", ...}}``);
-    ``data_hashes``: ``{path: dvc md5}`` or why they are unavailable; ``push``: the
-    ``dvc_push`` result or None (skipped).
+    ``data_hashes``: ``{path: dvc md5}`` or why they are unavailable; ``data_status``: the
+    ``dvc_cache_data`` result; ``push``: the ``dvc_push`` result or None (skipped).
     """
     lines = [f"# {title}", ""]
     if metrics:
@@ -192,6 +226,7 @@ def render_report(
         lines += [f"- data `{p}`: md5 `{h}`" for p, h in sorted(raw.items())]
     else:
         lines.append("- data: no DVC hash yet (no data.dvc and no dvc.lock entry under data/)")
+    lines += [f"- `{name}`: {status}" for name, status in (data_status or {}).items()]
     lines.append(f"- DVC reproduced: {', '.join(ran)}" if ran else "- DVC reproduced: nothing (all stages up to date)")
     if push is None:
         lines.append("- DVC remote: push skipped")
@@ -229,16 +264,16 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             PARENT_RUN_ENV: tracker.parent_run_id,
             "DVC_NO_ANALYTICS": "1",
         }
+        data_status = dvc_cache_data(str(root_path))
         ran = dvc_repro(str(root_path), env)
         pushed = dvc_push(str(root_path)) if push else None
 
-        mlflow_link = None
-        if tracker.run_id and tracker.parent_run_id and (url := tracker.run_url()):
-            mlflow_link = url.replace(tracker.run_id, tracker.parent_run_id)  # the parent run's page
+        mlflow_link = tracker.parent_run_url()
         markdown = render_report(
             metrics=_read_json(layout.eval_metrics),
             scores=_read_json(layout.eval / "scores.json"),
             data_hashes=_data_hashes(root_path),
+            data_status=data_status,
             mlflow_link=mlflow_link,
             ran=ran,
             push=pushed,
@@ -252,6 +287,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
                 report.write_text(markdown, encoding="utf-8")
                 tracker.log_artifact(report)
     return {
+        "data": data_status,
         "ran": ran,
         "push": pushed,
         "mlflow_run": parent_run_id,
@@ -259,3 +295,24 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         "artifact_id": artifact_id,
         "report": markdown,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.pipeline [--root DIR] [--no-push] [--mirror DIR]``: one pipeline run; 1 if it failed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pipelines.pipeline", description=pipeline.description)
+    parser.add_argument("--root", default=".", help="project root (default: current directory)")
+    parser.add_argument("--no-push", dest="push", action="store_false", help="skip `dvc push`")
+    parser.add_argument("--mirror", default=None, help="local corpus folder (default: $AIAYN_DATA_MIRROR)")
+    args = parser.parse_args(argv)
+    state = pipeline(root=args.root, push=args.push, mirror=args.mirror, return_state=True)
+    if state.is_completed():
+        print(state.result()["report"])
+        return 0
+    print(f"pipeline failed: {state.message}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,6 +7,7 @@ project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
 ``dest/params.yaml``  ``params`` fully resolved (every key written out, so each key
                       ``dvc.yaml`` tracks exists; loads back to the same ``Params``)
 ``dest/dvc.yaml``     the project's DAG, unchanged
+``dest/*.dvc``        the project's data versions (``data.dvc``), unchanged
 ``dest/src/``         a copy of the core's sources (the stages' DVC ``deps``; the code
                       that runs is still the installed ``aiayn``)
 ``dest/.dvc/``        ``dvc init --no-scm``, default remote ``local`` = ``dest/.dvc-remote``
@@ -60,7 +61,8 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
     (dest / "params.yaml").write_text(resolved_params_yaml(params), encoding="utf-8")
     if load_params(dest / "params.yaml") != load_params(params):
         raise AssertionError(f"resolved params of {params} do not load back to the same values")
-    shutil.copyfile(source / "dvc.yaml", dest / "dvc.yaml")
+    for name in ["dvc.yaml", *(p.name for p in source.glob("*.dvc") if p.is_file())]:
+        shutil.copyfile(source / name, dest / name)
     shutil.copytree(source / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     with Repo.init(str(dest), no_scm=True) as repo:
         with repo.config.edit() as conf:

@@ -14,7 +14,11 @@ Every comparison is against ``attention_reference`` run in float64 on the same
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -32,7 +36,13 @@ TOLERANCES = {
     torch.bfloat16: dict(atol=3e-2, rtol=2e-2),
 }
 
-CPU_DEVICE = "cpu"
+# Interpreter (CPU CI): CPU tensors. With compiled kernels (TRITON_INTERPRET=0 on a GPU machine)
+# the same small cases run on CUDA.
+DEVICE = "cpu" if INTERPRETED else "cuda"
+needs_kernel = pytest.mark.skipif(
+    not INTERPRETED and not torch.cuda.is_available(),
+    reason="TRITON_INTERPRET=0 without CUDA: the kernels cannot run here",
+)
 
 
 def _inputs(batch, n_heads, q_len, k_len, head_dim, dtype, device, seed):
@@ -123,20 +133,22 @@ CASES = [
 ]
 
 
+@needs_kernel
 @pytest.mark.parametrize(
     "batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype",
     [c[1:] for c in CASES],
     ids=[c[0] for c in CASES],
 )
 def test_matches_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype):
-    _check_against_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype, CPU_DEVICE)
+    _check_against_reference(batch, n_heads, q_len, k_len, head_dim, causal, key_lengths, dtype, DEVICE)
 
 
+@needs_kernel
 @pytest.mark.parametrize("causal", [False, True])
 def test_fully_masked_rows_give_zeros_and_zero_grads(causal):
     """key_lengths 0: output rows and all grads of that batch row are exactly 0, nothing is NaN."""
-    q, k, v, do = _inputs(3, 2, 21, 21, 32, torch.float32, CPU_DEVICE, seed=3)
-    kl = torch.tensor([0, 21, 5])
+    q, k, v, do = _inputs(3, 2, 21, 21, 32, torch.float32, DEVICE, seed=3)
+    kl = torch.tensor([0, 21, 5], device=DEVICE)
     out = flash_attention(q, k, v, causal=causal, key_lengths=kl)
     out.backward(do)
     for name, t in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
@@ -153,9 +165,10 @@ def test_fully_masked_rows_give_zeros_and_zero_grads(causal):
     _assert_close(k.grad, k64.grad, torch.float32, "dk")
 
 
+@needs_kernel
 def test_lse_matches_reference():
-    q, k, v, _ = _inputs(2, 1, 37, 37, 32, torch.float32, CPU_DEVICE, seed=4)
-    kl = torch.tensor([0, 29])
+    q, k, v, _ = _inputs(2, 1, 37, 37, 32, torch.float32, DEVICE, seed=4)
+    kl = torch.tensor([0, 29], device=DEVICE)
     out, lse = flash_attention_forward(q, k, v, causal=True, key_lengths=kl)
     ref_out, ref_lse = attention_reference(q.double(), k.double(), v.double(), causal=True, key_lengths=kl,
                                            return_lse=True)
@@ -166,10 +179,12 @@ def test_lse_matches_reference():
     _assert_close(out, ref_out, torch.float32, "out")
 
 
+@needs_kernel
 def test_custom_sm_scale_and_strided_inputs():
     """sm_scale is honoured; (B, T, n_heads, head_dim) inputs viewed as (B, n_heads, T, head_dim) work."""
     gen = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(2, 19, 3, 32, generator=gen).transpose(1, 2) for _ in range(3))  # (B, n_heads, T, head_dim)
+    # (B, T, n_heads, head_dim) -> (B, n_heads, T, head_dim) views
+    q, k, v = (torch.randn(2, 19, 3, 32, generator=gen).to(DEVICE).transpose(1, 2) for _ in range(3))
     assert not q.is_contiguous()
     out = flash_attention(q, k, v, causal=True, sm_scale=0.3)
     ref = attention_reference(q.double(), k.double(), v.double(), causal=True, sm_scale=0.3)
@@ -181,10 +196,19 @@ def test_custom_sm_scale_and_strided_inputs():
 # --------------------------------------------------------------------------- launcher errors
 
 
+# Built at collection time: stay on CPU where CUDA is missing (those tests are skipped anyway).
+_ARG_DEVICE = DEVICE if INTERPRETED or torch.cuda.is_available() else "cpu"
+
+
 def _t(*shape, dtype=torch.float32):
-    return torch.randn(*shape, dtype=dtype)
+    return torch.randn(*shape, dtype=dtype, device=_ARG_DEVICE)
 
 
+def _kl(*values):
+    return torch.tensor(values, device=_ARG_DEVICE)
+
+
+@needs_kernel
 @pytest.mark.parametrize(
     "args, kwargs, match",
     [
@@ -198,10 +222,10 @@ def _t(*shape, dtype=torch.float32):
         ((_t(1, 1, 8, 32), _t(1, 1, 8, 32, dtype=torch.float16), _t(1, 1, 8, 32)), {}, "dtypes differ"),
         ((_t(1, 1, 4, 32), _t(1, 1, 8, 32), _t(1, 1, 8, 32)), {"causal": True}, "Tq=4, Tk=8"),
         ((_t(1, 1, 0, 32), _t(1, 1, 8, 32), _t(1, 1, 8, 32)), {}, "Tq=0"),
-        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([3, 9])}, "max=9"),
-        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([-1, 8])}, "min=-1"),
-        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([3])}, r"shape \(2,\), got \(1,\)"),
-        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": torch.tensor([3.0, 4.0])}, "torch.float32"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": _kl(3, 9)}, "max=9"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": _kl(-1, 8)}, "min=-1"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": _kl(3)}, r"shape \(2,\), got \(1,\)"),
+        ((_t(2, 1, 8, 32),) * 3, {"key_lengths": _kl(3.0, 4.0)}, "torch.float32"),
         ((_t(2, 1, 8, 32),) * 3, {"sm_scale": float("nan")}, "nan"),
     ],
     ids=["head_dim256", "batch", "heads", "head_dim-mismatch", "kv-shape", "3d", "float64", "mixed-dtype",
@@ -210,6 +234,81 @@ def _t(*shape, dtype=torch.float32):
 def test_launcher_rejects_bad_input(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         flash_attention(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- ahead-of-time compile (no GPU needed)
+
+
+# Runs in a fresh process with TRITON_INTERPRET=0: a process that decorated kernels for the
+# interpreter cannot also compile them (triton.language's own helpers are interpreted there).
+_AOT_COMPILE_SCRIPT = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+import aiayn.kernels.flash_attention as _  # noqa: F401
+fa = sys.modules["aiayn.kernels.flash_attention"]
+assert not fa.INTERPRETED
+ptxas = sys.argv[1]
+results = []
+for fn, cfg, bf16_ptrs in [
+    (fa._attn_fwd, fa._FWD_CONFIGS[0], ["Q", "K", "V", "Out"]),
+    (fa._attn_bwd_dkdv, fa._DKDV_CONFIGS[0], ["Q", "K", "V", "DO", "DK", "DV"]),
+    (fa._attn_bwd_dq, fa._DQ_CONFIGS[0], ["Q", "K", "V", "DO", "DQ"]),
+]:
+    constexprs = dict(HEAD_DIM=128, IS_CAUSAL=True, HAS_KEY_LENGTHS=True, DOT_PRECISION=None, **cfg.kwargs)
+    # Like a real launch: int arguments equal to 1 (the last-dim strides) become constexprs;
+    # pointers and the other strides are known multiples of 16.
+    constexprs.update({n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("k")})
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in bf16_ptrs:
+            signature[name] = "*bf16"
+        elif name in ("LSE", "Delta"):
+            signature[name] = "*fp32"
+        elif name == "KeyLengths":
+            signature[name] = "*i32"
+        elif name == "sm_scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+        if signature[name].startswith("*") or name.startswith("stride_"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(kernel.asm["ptx"])
+    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                            capture_output=True, text=True, check=True).stderr
+    os.unlink(f.name)
+    results.append(dict(kernel=fn.__name__, config=str(cfg), shared=kernel.metadata.shared,
+                        registers=[int(n) for n in re.findall(r"Used (\d+) registers", report)],
+                        spill_stores=[int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]))
+print(json.dumps(results))
+"""
+
+
+def test_kernels_compile_for_hopper_without_spills():
+    """The interpreter accepts code the compiler rejects. Compile the default (first) configs for
+    sm_90 (H100/H200) with the ptxas bundled in the triton wheel — bf16, head_dim 128, causal +
+    key_lengths, the largest variant — and check shared memory (<= 227 KiB) and register spills."""
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip(f"no ptxas in the triton wheel at {ptxas}")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", _AOT_COMPILE_SCRIPT, ptxas], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"compiling for sm_90 failed:\n{proc.stderr[-4000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["kernel"] for r in results] == ["_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"]
+    for r in results:
+        assert r["shared"] <= 227 * 1024, f"{r['kernel']} {r['config']}: {r['shared']} bytes of shared memory"
+        assert r["spill_stores"] and max(r["spill_stores"]) == 0, f"{r['kernel']} {r['config']}: spills {r}"
 
 
 # --------------------------------------------------------------------------- GPU (compiled kernels)

@@ -10,12 +10,16 @@ markdown artifact) and a pipeline whose stage fails.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="aiayn-prefect-home-"))
+if "PREFECT_HOME" not in os.environ:  # before Prefect is imported; removed when the session ends
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="aiayn-prefect-home-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 import pytest  # noqa: E402
@@ -218,15 +222,27 @@ def test_deployment_table_builds_nightly_cron_on_the_work_pool(tmp_path):
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "UTC"
     assert len({d.name for d in DEPLOYMENTS}) == len(DEPLOYMENTS)
+    (served,) = [d for d in build_deployments(tmp_path, work_pool=None) if d.name == "nightly"]
+    assert served.work_pool_name is None and not served.job_variables  # `serve`: no pool, no worker
     with pytest.raises(ValueError, match="not both"):
         DeploymentSpec(name="x", flow="m:f", description="", cron="* * * * *", interval_s=60)
+    with pytest.raises(ValueError, match="set at deploy time"):
+        DeploymentSpec(name="x", flow="m:f", description="", parameters={"root": "/elsewhere"})
+
+
+def test_deploy_list_prints_the_schedule(capsys):
+    from pipelines.deploy import WORK_POOL, main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert f"work pool: {WORK_POOL} (process)" in out and "pipeline/nightly: cron '0 2 * * *' UTC" in out
 
 
 # --------------------------------------------------------------------------- slow: the whole pipeline
 
 
 @pytest.mark.slow
-def test_pipeline_flow_reproduces_pushes_and_reports(tmp_path, prefect_harness, multi30k_mirror):
+def test_pipeline_flow_reproduces_pushes_and_reports(tmp_path, prefect_harness, multi30k_mirror, monkeypatch):
     import json
 
     from prefect import get_client
@@ -236,22 +252,38 @@ def test_pipeline_flow_reproduces_pushes_and_reports(tmp_path, prefect_harness, 
     from pipelines.scratch import scratch_project
 
     root = scratch_project(tmp_path / "project", SMOKE)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the stage processes DVC starts: one core each
     state = pipeline(root=str(root), mirror=str(multi30k_mirror), return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
     assert result["ran"] == ["prepare", "tokenize", "train", "evaluate"]
-    assert result["push"]["pushed"] > 0 and any((root / ".dvc-remote").rglob("*"))
+    assert result["push"]["pushed"] > 0
+    (data_out,) = yaml.safe_load((REPO / "data.dvc").read_text())["outs"]
+    assert result["data"] == {"data.dvc": "cached"}  # fetched corpus == the versioned one
+    assert f"md5 `{data_out['md5']}`" in result["report"]
+    md5 = data_out["md5"]
+    assert (root / ".dvc-remote" / "files" / "md5" / md5[:2] / md5[2:]).is_file()  # raw corpus pushed
     metrics = json.loads((root / "artifacts" / "eval_metrics.json").read_text())
     for split, m in metrics.items():
         assert f"| {split} | {m['bleu']:.2f} | {m['chrf']:.2f} | {m['bleu_lc_tok']:.2f} |" in result["report"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     assert set(lock["stages"]) == {"prepare", "tokenize", "train", "evaluate"}
+
+    from mlflow import MlflowClient  # the stages' MLflow runs nest under this pipeline run's parent
+
+    parent = result["mlflow_run"]
+    assert parent and parent in result["report"]
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    children = client.search_runs([client.get_run(parent).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert {r.info.run_name for r in children} >= {"train", "evaluate", "orchestrate"}
+    assert all(r.info.status == "FINISHED" for r in children) and client.get_run(parent).info.status == "FINISHED"
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_KEY])))
     assert any(a.type == "markdown" and a.data == result["report"] for a in artifacts)
 
     again = pipeline(root=str(root), push=False)  # nothing changed: DVC runs nothing
-    assert again["ran"] == [] and again["push"] is None
+    assert again["ran"] == [] and again["push"] is None and again["data"] == {"data.dvc": "up to date"}
 
 
 @pytest.mark.slow

@@ -157,7 +157,7 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
         worker_log = tmp_path / "worker.log"
         worker = _start(
             [str(VENV_BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--name", "test-worker"],
-            {**services_env, "AIAYN_DATA_MIRROR": str(multi30k_mirror)},
+            {**services_env, "AIAYN_DATA_MIRROR": str(multi30k_mirror), "OMP_NUM_THREADS": "1"},
             worker_log,
         )
         try:

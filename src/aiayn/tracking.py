@@ -377,18 +377,24 @@ class Tracker:
     def state_path(self) -> Path:
         return self.project_root / STATE_FILE
 
-    def run_url(self) -> str | None:
-        """Where to look at this run: the UI link for an ``http(s)`` tracking URI,
-        else a ``mlflow ui --backend-store-uri ...`` hint. None when disabled."""
+    def run_url(self, *, parent: bool = False) -> str | None:
+        """Where to look at this run (``parent=True``: its pipeline run): the UI link
+        for an ``http(s)`` tracking URI, else a ``mlflow ui --backend-store-uri ...``
+        hint. None when disabled."""
         if not self._active:
             return None
+        run_id = self._parent_run_id if parent else self._run_id
         if self.tracking_uri.startswith(("http://", "https://")):
             base = self.tracking_uri.rstrip("/")
-            return f"{base}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
+            return f"{base}/#/experiments/{self._experiment_id}/runs/{run_id}"
         return (
             f"mlflow ui --backend-store-uri {self.tracking_uri}  "
-            f"(experiment {self._experiment_id}, run {self._run_id})"
+            f"(experiment {self._experiment_id}, run {run_id})"
         )
+
+    def parent_run_url(self) -> str | None:
+        """``run_url`` of the pipeline (parent) run."""
+        return self.run_url(parent=True)
 
     # ----------------------------------------------------------------- failure
 

@@ -45,13 +45,19 @@ honestly:
   program at a time, with small fixed blocks and no autotuning; the
   interpreter has no bfloat16 matmul, so bf16 inputs are computed in float32
   there (the GPU path uses bf16 tensor-core dots). On CUDA the block sizes are
-  autotuned per (sequence-length bucket, head_dim, causal) from a short list
-  meant for Ampere/Hopper (shared memory <= ~160 KiB per block).
+  autotuned per (sequence-length bucket, head_dim, causal, key_lengths given,
+  dtype) from a short list meant for Ampere/Hopper; ``AIAYN_FLASH_AUTOTUNE=0``
+  uses the first config of each list instead; float32 always uses one fixed
+  small config (a correctness path, slow). The lists were checked by compiling
+  for sm_90 (registers, spills, shared memory) but not yet timed on a GPU:
+  they are starting points until ``benchmarks/attention.py`` runs there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import torch
 import triton
@@ -62,7 +68,9 @@ __all__ = ["flash_attention", "flash_attention_forward", "SUPPORTED_DTYPES", "MA
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 128
 _MAX_GRID_Y = 65535  # CUDA limit on gridDim.y (we put B * n_heads there)
-LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) = exp2(x * LOG2E)
+# Softmax runs on exp2 (one fast instruction): exp(x) = exp2(x * LOG2E), log(x) = log2(x) * LN2.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 # --------------------------------------------------------------------------- forward
@@ -126,7 +134,6 @@ def _attn_fwd(
 ):
     """One program = BLOCK_M queries of one (batch, head). Grid: (cdiv(Tq, BLOCK_M), B * n_heads)."""
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the causal diagonal starts on a key-block boundary
-    LN2: tl.constexpr = 0.6931471805599453
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = off_hz // n_heads
@@ -149,7 +156,7 @@ def _attn_fwd(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # fold 1/ln(2): softmax via exp2
+    qk_scale = sm_scale * LOG2E  # scores in log2 units
 
     # Key blocks [0, full_end) need no mask; [full_end, hi) hold the causal
     # diagonal and/or the key-length tail and are masked.
@@ -224,7 +231,7 @@ def _attn_bwd_dkdv_inner(
         q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,
                     mask=row_ok[:, None], other=0.0)  # (BLOCK_M1, HEAD_DIM)
         # Rows past Tq get lse = +inf, hence P = 0: they contribute nothing.
-        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])  # P^T
         if MASKED:
@@ -275,7 +282,7 @@ def _attn_bwd_dkdv(
     v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk, mask=key_ok[:, None], other=0.0)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
 
     # A block of masked-out keys (start_n >= kv_len) skips both loops.
     q_hi = tl.where(start_n < kv_len, q_len, 0)
@@ -376,10 +383,10 @@ def _attn_bwd_dq(
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dok,
                  mask=row_ok[:, None], other=0.0)
-    lse2 = tl.load(LSE + off_hz.to(tl.int64) * q_len + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + off_hz.to(tl.int64) * q_len + offs_m, mask=row_ok, other=0.0) * LOG2E
     delta = tl.load(Delta + off_hz.to(tl.int64) * q_len + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
 
     # Same split as the forward: unmasked key blocks, then the masked diagonal/tail.
     if IS_CAUSAL:
@@ -405,8 +412,19 @@ def _attn_bwd_dq(
 
 # --------------------------------------------------------------------------- launch configuration
 
+
+def _interpreting() -> bool:
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older versions read the variable directly
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 # True when the kernels above were decorated under TRITON_INTERPRET=1 (numpy on CPU).
-INTERPRETED = bool(triton.knobs.runtime.interpret)
+INTERPRETED = _interpreting()
+# AIAYN_FLASH_AUTOTUNE=0: on CUDA use the first config of each list below
+# instead of autotuning (fewer compiles: tests, short checks).
+AUTOTUNE = os.environ.get("AIAYN_FLASH_AUTOTUNE", "1") != "0"
 
 # Interpreter (CPU tests): small fixed blocks, so short sequences still cross
 # several blocks and the diagonal/tail logic is exercised; no autotuning.
@@ -425,27 +443,38 @@ def _cfg(num_warps: int, num_stages: int, **blocks: int) -> triton.Config:
 
 
 # GPU candidates (Ampere/Hopper). Every entry keeps the divisibility the causal
-# split needs; entries that exceed shared memory fail to compile and the
-# autotuner skips them.
+# split needs. The first entry of each list is the AIAYN_FLASH_AUTOTUNE=0
+# choice: compiled ahead of time for sm_90 (bf16/fp16, head_dim 64 and 128) it
+# uses <= 238 registers per thread, no spills, <= 128 KiB shared memory.
+# Entries that do not fit a device fail to compile and the autotuner skips them.
 _FWD_CONFIGS = [
-    _cfg(4, 3, BLOCK_M=128, BLOCK_N=64),
     _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+    _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
     _cfg(8, 2, BLOCK_M=128, BLOCK_N=128),
     _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-    _cfg(4, 4, BLOCK_M=128, BLOCK_N=32),
+    _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
 ]
 _DKDV_CONFIGS = [
-    _cfg(4, 3, BLOCK_M1=32, BLOCK_N1=128),
+    _cfg(8, 3, BLOCK_M1=32, BLOCK_N1=128),
     _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128),
-    _cfg(4, 3, BLOCK_M1=32, BLOCK_N1=64),
-    _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64),
+    _cfg(8, 3, BLOCK_M1=32, BLOCK_N1=64),
+    _cfg(4, 3, BLOCK_M1=16, BLOCK_N1=64),
 ]
 _DQ_CONFIGS = [
-    _cfg(4, 3, BLOCK_M2=128, BLOCK_N2=32),
+    _cfg(8, 3, BLOCK_M2=128, BLOCK_N2=32),
     _cfg(8, 2, BLOCK_M2=128, BLOCK_N2=64),
     _cfg(4, 3, BLOCK_M2=64, BLOCK_N2=32),
     _cfg(4, 2, BLOCK_M2=64, BLOCK_N2=64),
 ]
+# float32 inputs: one fixed small-block config each (no autotuning). IEEE fp32
+# dots run on CUDA cores, not tensor cores, and need many registers; these
+# keep shared memory <= 84 KiB at head_dim 128 (fits Ampere and Hopper). It is
+# a correctness path: use bf16/fp16 (autocast) for speed.
+_FP32_CONFIGS = {
+    "fwd": _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+    "dkdv": _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64),
+    "dq": _cfg(4, 2, BLOCK_M2=32, BLOCK_N2=32),
+}
 
 
 def _tuning_bench(kernel_call, quantiles):
@@ -453,15 +482,26 @@ def _tuning_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
 
 
+def _autotuned(kernel, configs):
+    """Autotuned wrapper, or the first config only (AIAYN_FLASH_AUTOTUNE=0: no benchmarking)."""
+    if not AUTOTUNE:
+        configs = configs[:1]
+    try:
+        return triton.autotune(configs, key=_AUTOTUNE_KEY, do_bench=_tuning_bench)(kernel)
+    except TypeError:  # triton < 3.2 has no do_bench argument
+        return triton.autotune(configs, key=_AUTOTUNE_KEY)(kernel)
+
+
 # Tuned once per (seq bucket, head_dim, causal, key_lengths given, dtypes); set
 # TRITON_PRINT_AUTOTUNING=1 to log the winners.
-_attn_fwd_tuned = triton.autotune(_FWD_CONFIGS, key=_AUTOTUNE_KEY, do_bench=_tuning_bench)(_attn_fwd)
-_attn_bwd_dkdv_tuned = triton.autotune(_DKDV_CONFIGS, key=_AUTOTUNE_KEY, do_bench=_tuning_bench)(_attn_bwd_dkdv)
-_attn_bwd_dq_tuned = triton.autotune(_DQ_CONFIGS, key=_AUTOTUNE_KEY, do_bench=_tuning_bench)(_attn_bwd_dq)
+_attn_fwd_tuned = _autotuned(_attn_fwd, _FWD_CONFIGS)
+_attn_bwd_dkdv_tuned = _autotuned(_attn_bwd_dkdv, _DKDV_CONFIGS)
+_attn_bwd_dq_tuned = _autotuned(_attn_bwd_dq, _DQ_CONFIGS)
 
 
-def _launch(kernel, tuned, name: str, grid_rows: int, grid_cols: int, block_arg: str, *args, **kwargs) -> None:
-    """Run ``kernel`` with fixed interpreter blocks, or its autotuned wrapper on CUDA.
+def _launch(kernel, tuned, name: str, dtype: torch.dtype, grid_rows: int, grid_cols: int, block_arg: str,
+            *args, **kwargs) -> None:
+    """Run ``kernel`` with fixed interpreter blocks, the fixed fp32 config, or its autotuned wrapper.
 
     Grid: ``(cdiv(grid_rows, block), grid_cols)`` where ``block`` is the
     config's ``block_arg`` (rows handled per program).
@@ -469,6 +509,10 @@ def _launch(kernel, tuned, name: str, grid_rows: int, grid_cols: int, block_arg:
     if INTERPRETED:
         blocks = INTERPRETER_BLOCKS[name]
         kernel[(triton.cdiv(grid_rows, blocks[block_arg]), grid_cols)](*args, **kwargs, **blocks)
+    elif dtype == torch.float32:
+        cfg = _FP32_CONFIGS[name]
+        grid = (triton.cdiv(grid_rows, cfg.kwargs[block_arg]), grid_cols)
+        kernel[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     else:
         tuned[lambda meta: (triton.cdiv(grid_rows, meta[block_arg]), grid_cols)](*args, **kwargs)
 
@@ -478,15 +522,20 @@ def _seq_bucket(q_len: int, k_len: int) -> int:
     return max(64, triton.next_power_of_2(max(q_len, k_len)))
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs: IEEE unless torch allows TF32 matmuls; fp16/bf16 ignore it."""
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
-        return "ieee"
-    return "tf32"
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    """fp32 inputs: IEEE unless torch allows TF32 matmuls; fp16/bf16: Triton's default (None)."""
+    if dtype != torch.float32:
+        return None
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def _on_device(t: torch.Tensor):
+    """Triton launches on the current CUDA device: make it ``t``'s (multi-GPU processes)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------- launchers (padded, checked inputs)
@@ -499,7 +548,7 @@ def _forward(q, k, v, causal: bool, key_lengths, sm_scale: float) -> tuple[torch
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, n_heads, Tq, HEAD_DIM)
     lse = torch.empty((batch, n_heads, q_len), device=q.device, dtype=torch.float32)  # (B, n_heads, Tq)
     _launch(
-        _attn_fwd, _attn_fwd_tuned, "fwd", q_len, batch * n_heads, "BLOCK_M",
+        _attn_fwd, _attn_fwd_tuned, "fwd", q.dtype, q_len, batch * n_heads, "BLOCK_M",
         q, k, v, out, lse, key_lengths if key_lengths is not None else lse, sm_scale,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         n_heads, q_len, k_len, _seq_bucket(q_len, k_len),
@@ -528,13 +577,13 @@ def _backward(do, q, k, v, out, lse, causal: bool, key_lengths, sm_scale: float)
     common = dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, HAS_KEY_LENGTHS=key_lengths is not None,
                   DOT_PRECISION=_dot_precision(q.dtype))
     _launch(
-        _attn_bwd_dkdv, _attn_bwd_dkdv_tuned, "dkdv", k_len, batch * n_heads, "BLOCK_N1",
+        _attn_bwd_dkdv, _attn_bwd_dkdv_tuned, "dkdv", q.dtype, k_len, batch * n_heads, "BLOCK_N1",
         q, k, v, do, dk, dv, lse, delta, kl, sm_scale,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk),
         n_heads, q_len, k_len, _seq_bucket(q_len, k_len), **common,
     )
     _launch(
-        _attn_bwd_dq, _attn_bwd_dq_tuned, "dq", q_len, batch * n_heads, "BLOCK_M2",
+        _attn_bwd_dq, _attn_bwd_dq_tuned, "dq", q.dtype, q_len, batch * n_heads, "BLOCK_M2",
         q, k, v, do, dq, lse, delta, kl, sm_scale,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         n_heads, q_len, k_len, _seq_bucket(q_len, k_len), **common,
@@ -547,7 +596,8 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, key_lengths, sm_scale: float):
-        out, lse = _forward(q, k, v, causal, key_lengths, sm_scale)
+        with _on_device(q):
+            out, lse = _forward(q, k, v, causal, key_lengths, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse, key_lengths)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
@@ -556,7 +606,8 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse, key_lengths = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q, k, v, out, lse, ctx.causal, key_lengths, ctx.sm_scale)
+        with _on_device(q):
+            dq, dk, dv = _backward(do, q, k, v, out, lse, ctx.causal, key_lengths, ctx.sm_scale)
         return dq, dk, dv, None, None, None
 
 
@@ -564,7 +615,10 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def _check_and_prepare(q, k, v, causal, key_lengths, sm_scale):
-    """Validate inputs; return kernel-ready (q, k, v, key_lengths, sm_scale, head_dim, compute_dtype).
+    """Validate inputs; return kernel-ready ``(q, k, v, key_lengths, sm_scale, head_dim)``.
+
+    q/k/v come back cast to the compute dtype, zero-padded to a kernel HEAD_DIM
+    and with unit last-dim stride; ``head_dim`` is the caller's (for slicing).
 
     Raises ValueError quoting the offending value.
     """
@@ -610,7 +664,7 @@ def _check_and_prepare(q, k, v, causal, key_lengths, sm_scale):
             raise ValueError(f"key_lengths.dtype={key_lengths.dtype}; use torch.int32 or torch.int64")
         if key_lengths.device != q.device:
             raise ValueError(f"key_lengths is on {key_lengths.device}, q on {q.device}")
-        lo, hi = int(key_lengths.min()), int(key_lengths.max())  # one host sync
+        lo, hi = torch.stack([key_lengths.min(), key_lengths.max()]).tolist()  # one host sync
         if lo < 0 or hi > k_len:
             raise ValueError(f"key_lengths must lie in [0, Tk={k_len}], got min={lo}, max={hi}")
         key_lengths = key_lengths.to(torch.int32).contiguous()
@@ -681,6 +735,6 @@ def flash_attention_forward(
     a row that sees no key). Arguments and errors as ``flash_attention``.
     """
     qp, kp, vp, key_lengths, scale, head_dim = _check_and_prepare(q, k, v, causal, key_lengths, sm_scale)
-    with torch.no_grad():
+    with torch.no_grad(), _on_device(qp):
         out, lse = _forward(qp, kp, vp, bool(causal), key_lengths, scale)
     return out[..., :head_dim].to(q.dtype), lse

@@ -80,9 +80,8 @@ def attention_reference(
         ValueError: ``q``/``k``/``v`` are not 4-D or their shapes disagree.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be (B, n_heads, T, head_dim); got shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+        shapes = f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        raise ValueError(f"q, k, v must be (B, n_heads, T, head_dim); got shapes {shapes}")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"incompatible shapes q={tuple(q.shape)}, k={tuple(k.shape)}, v={tuple(v.shape)}")
     batch, _, q_len, head_dim = q.shape
