@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PYTHONUNBUFFERED := 1
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-all test-services ui bench clean
+.PHONY: install run test test-fast test-services ui clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -30,12 +30,13 @@ run: install
 	python -m pipelines.pipeline
 	dvc metrics show
 
+## Every CPU tier: unit, slow (whole smoke pipelines) and services (a real Prefect server). CI runs this.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
-
-## Everything except GPU: slow and services tiers too.
-test-all: install
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+## The quick unit tier (pytest's default markers): for the edit-test loop.
+test-fast: install
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-services: install
 	$(PY) -m pytest -m services $(PYTEST_ARGS)

@@ -3,15 +3,16 @@
 import os
 from pathlib import Path
 
-# Must be set before any @triton.jit runs (CPU: interpreter mode).
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Must be set before any @triton.jit runs: the interpreter on CPU-only machines, compiled kernels on CUDA.
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 # Tests use tiny tensors: one intra-op thread avoids OpenMP spin-wait oversubscription when
 # several test processes (or helpers) share the 2 cores, and is faster for such sizes anyway.

@@ -4,8 +4,12 @@ On CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, set
 by conftest.py), one program at a time, so shapes here are small but chosen to
 cross several blocks (interpreter blocks are 16/32 rows), hit the causal
 diagonal, the key-length tail and sequence lengths that are not block
-multiples. The ``gpu`` tests run compiled kernels on CUDA at realistic sizes
+multiples. With ``TRITON_INTERPRET=0`` on a GPU machine the same cases run
+compiled on CUDA, and the ``gpu`` tests add realistic sizes
 (``TRITON_INTERPRET=0 pytest -m gpu tests/test_flash_attention.py``).
+Without any GPU, one test still compiles the kernels for sm_90 (Hopper) with
+the ptxas shipped in the triton wheel, since the interpreter accepts code the
+compiler rejects.
 
 Every comparison is against ``attention_reference`` run in float64 on the same
 (already rounded) inputs; the reference itself is checked against PyTorch's

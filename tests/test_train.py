@@ -222,3 +222,32 @@ def test_training_reduces_loss(tmp_path):
     first = np.mean([res.losses[s] for s in range(1, 6)])
     last = np.mean([res.losses[s] for s in range(36, 41)])
     assert last < first - 0.3
+
+
+def test_grad_accum_takes_several_batches_per_update(tmp_path):
+    split = synthetic_split()
+    per_epoch = EpochBatchIterator(split, max_tokens=64, data_seed=5).batches_in_epoch
+    res = train(MODEL, cfg(max_steps=per_epoch // 2 + 1, grad_accum=2), split, None, tmp_path / "ck")
+    state = load_checkpoint(list_checkpoints(tmp_path / "ck")[-1])
+    # (per_epoch // 2 + 1) updates x 2 batches = one epoch and 1-2 batches of the next
+    consumed = (state.iterator["epoch"] - 1) * per_epoch + state.iterator["iterations_in_epoch"]
+    assert consumed == 2 * res.step
+
+
+def test_checkpoint_averaging_is_the_elementwise_mean(tmp_path):
+    from aiayn.checkpoint import average_checkpoints
+    from aiayn.train import averaged_weights
+
+    split = synthetic_split()
+    train(MODEL, cfg(max_steps=6, checkpoint_every=2, keep_checkpoints=3), split, None, tmp_path / "ck")
+    paths = list_checkpoints(tmp_path / "ck")
+    assert [p.name for p in paths] == ["ckpt_00000002.json", "ckpt_00000004.json", "ckpt_00000006.json"]
+    states = [load_checkpoint(p).model for p in paths[-2:]]
+    avg, steps = averaged_weights(tmp_path / "ck", 2)
+    assert steps == [4, 6]
+    for k in avg:
+        want = (states[0][k].double() + states[1][k].double()) / 2
+        assert torch.allclose(avg[k].double(), want, atol=1e-7), k
+    assert any(not torch.equal(states[0][k], states[1][k]) for k in avg)  # the mean is not a copy
+    with pytest.raises(CheckpointError, match="no checkpoints"):
+        average_checkpoints([])
