@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip==26.3 setuptools==84.2.1
 	$(PY) -m pip install -q --no-compile --no-deps -r requirements.lock
 	$(PY) -m pip install -q --no-compile --no-deps -e .
 	touch $@
