@@ -216,7 +216,7 @@ class StubCache:
     def __init__(self, batch_size: int):
         self.prefix = torch.empty(batch_size, 0, dtype=torch.long)
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, *, cross: bool = True) -> None:
         self.prefix = self.prefix.index_select(0, index)
 
 

@@ -281,6 +281,14 @@ def test_kv_cache_reorder_and_nbytes():
     assert cache.src_pad_mask.tolist() == [[True, True], [False, True], [False, True], [False, False]]
     with pytest.raises(ValueError, match="max_len=5"):
         cache.update(0, torch.randn(4, 2, 4, 4), torch.randn(4, 2, 4, 4))
+    # Beams of the same sentences moving: self-attention rows follow, cross-attention state stays.
+    cross_before, mask_before = cache.cross_k[1], cache.src_pad_mask
+    perm = torch.tensor([1, 0, 3, 2])
+    cache.reorder(perm, cross=False)
+    torch.testing.assert_close(cache.k_cache[0][:, :, :2], k[index][perm])
+    assert cache.cross_k[1] is cross_before and cache.src_pad_mask is mask_before
+    with pytest.raises(ValueError, match="must keep the batch size 4"):
+        cache.reorder(torch.tensor([0, 1]), cross=False)
 
 
 def test_positions_beyond_table_raise():

@@ -6,8 +6,9 @@ Both decoders need only this from a model (``aiayn.model.Transformer`` has it; a
 - ``decode(tgt_in (B, T), memory, src_pad_mask, *, kv_cache=None) -> logits (B, T, V)``; with a
   cache ``tgt_in`` holds only the newest token and ``memory``/``src_pad_mask`` are passed on the
   first step only (``None`` later: the cache holds the cross-attention keys/values);
-- ``new_kv_cache(batch_size, max_len) -> cache`` whose ``reorder(index (B',))`` keeps/reorders/
-  repeats rows: the one method beams and batch shrinking use.
+- ``new_kv_cache(batch_size, max_len) -> cache`` whose ``reorder(index (B',), *, cross=True)``
+  keeps/reorders/repeats rows: the one method beams and batch shrinking use (``cross=False``
+  when only beams of the same sentences move, so shared cross-attention state stays put).
 - optional ``max_positions`` (int): output lengths are capped at ``max_positions - 1``.
 
 Conventions (shared by both decoders, fairseq's defaults):
@@ -242,7 +243,8 @@ def beam_search_hypotheses(
             scores = next_scores[keep]  # (N', K)
             sent = sent[keep]
             if cache is not None:
-                cache.reorder(index)
+                # Same sentences, K beams each: only beams move, the cross-attention state is shared.
+                cache.reorder(index, cross=not (k == K and keep.numel() == N))
             else:
                 memory, src_pad_mask = memory.index_select(0, index), src_pad_mask.index_select(0, index)
             k = K

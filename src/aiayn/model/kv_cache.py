@@ -111,21 +111,35 @@ class KVCache:
             raise ValueError(f"KVCache layer {layer}: cross k batch {k.shape[0]} != cache batch {self.batch_size}")
         self.cross_k[layer], self.cross_v[layer] = k, v
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, *, cross: bool = True) -> None:
         """Keep rows ``index`` ``(B',)`` (long) of every cached tensor, in that order.
 
         Serves beam reordering (``index`` = source row of each new beam), beam expansion
         (a row repeated ``beam_size`` times) and dropping finished sentences (a subset).
+        Only the filled ``length`` positions of the self-attention buffers are copied.
+        ``cross=False`` leaves the cross-attention keys/values and ``src_pad_mask`` as they
+        are: valid when ``index`` only permutes rows that share a source (beams of one
+        sentence), whose cross-attention state is identical — beam search's common step.
         """
         if index.dim() != 1 or index.dtype != torch.long:
             raise ValueError(f"KVCache.reorder needs a 1-D long index, got {index.dtype} {tuple(index.shape)}")
         index = index.to(self.k_cache[0].device)
+        if not cross and index.numel() != self.k_cache[0].shape[0]:
+            raise ValueError(f"KVCache.reorder(cross=False) must keep the batch size {self.k_cache[0].shape[0]}, got {index.numel()}")
+        filled = self.length
+
+        def select_filled(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_empty((index.numel(), *t.shape[1:]))  # (B', n_kv_heads, max_len, head_dim)
+            out[:, :, :filled] = t[:, :, :filled].index_select(0, index)
+            return out
 
         def select(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.index_select(0, index)
 
-        self.k_cache = [select(t) for t in self.k_cache]  # each (B', n_kv_heads, max_len, head_dim)
-        self.v_cache = [select(t) for t in self.v_cache]
+        self.k_cache = [select_filled(t) for t in self.k_cache]  # each (B', n_kv_heads, max_len, head_dim)
+        self.v_cache = [select_filled(t) for t in self.v_cache]
+        if not cross:
+            return
         self.cross_k = [select(t) for t in self.cross_k]  # each (B', n_kv_heads, S, head_dim)
         self.cross_v = [select(t) for t in self.cross_v]
         self.src_pad_mask = select(self.src_pad_mask)  # (B', S)
