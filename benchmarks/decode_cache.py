@@ -18,29 +18,15 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import PAD_ID
 from aiayn.corpus import read_lines
-from aiayn.decode import beam_search
-from aiayn.translate import Translator
+from aiayn.translate import DecodeOptions, Translator
 
 
 def run(translator: Translator, sources: list, *, beam_size: int, use_cache: bool, max_tokens: int) -> tuple[float, list]:
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    out: list = [None] * len(sources)
+    """Seconds and outputs of one pass over ``sources`` (the same batching as ``aiayn translate``)."""
+    options = DecodeOptions(beam_size=beam_size, max_tokens=max_tokens, use_cache=use_cache)
     t0 = time.perf_counter()
-    start = 0
-    with torch.inference_mode():
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * len(sources[order[end]]) <= max_tokens:
-                end += 1
-            idx = order[start:end]
-            src = torch.full((len(idx), max(len(sources[i]) for i in idx)), PAD_ID, dtype=torch.long)
-            for r, i in enumerate(idx):
-                src[r, : len(sources[i])] = torch.from_numpy(sources[i])
-            for i, h in zip(idx, beam_search(translator.model, src, beam_size=beam_size, use_cache=use_cache)):
-                out[i] = h
-            start = end
+    out = translator.translate_ids(sources, options)
     return time.perf_counter() - t0, out
 
 

@@ -23,7 +23,7 @@ import torch
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID
 from aiayn.tokenizer import EncodedSplit
 
-__all__ = ["Batch", "make_batches", "collate", "EpochBatchIterator"]
+__all__ = ["Batch", "make_batches", "pad_batch", "collate", "EpochBatchIterator"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ def make_batches(
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _pad(rows: list[np.ndarray]) -> torch.Tensor:
+def pad_batch(rows: list[np.ndarray]) -> torch.Tensor:
+    """Right-pad 1-D id arrays with PAD into one ``(B, max_len)`` int64 tensor."""
     out = np.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
@@ -88,9 +89,9 @@ def collate(split: EncodedSplit, indices: np.ndarray) -> Batch:
     srcs = [np.concatenate([split.src(int(i)), eos]) for i in indices]
     tgts = [np.asarray(split.tgt(int(i))) for i in indices]
     return Batch(
-        src=_pad(srcs),
-        tgt_in=_pad([np.concatenate([bos, t]) for t in tgts]),
-        tgt_out=_pad([np.concatenate([t, eos]) for t in tgts]),
+        src=pad_batch(srcs),
+        tgt_in=pad_batch([np.concatenate([bos, t]) for t in tgts]),
+        tgt_out=pad_batch([np.concatenate([t, eos]) for t in tgts]),
         indices=np.asarray(indices),
         n_src_tokens=sum(len(s) for s in srcs),
         n_tgt_tokens=sum(len(t) + 1 for t in tgts),

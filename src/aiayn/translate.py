@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aiayn.checkpoint import CheckpointError, load_model_weights
-from aiayn.config import EOS_ID, PAD_ID, ModelConfig
+from aiayn.batching import pad_batch
+from aiayn.checkpoint import CheckpointError, load_checkpoint, load_model_weights
+from aiayn.config import EOS_ID, ModelConfig
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
@@ -36,6 +37,7 @@ class DecodeOptions:
     max_len_a: float = 1.0
     max_len_b: int = 50
     max_tokens: int = 4000  # source tokens per batch
+    use_cache: bool = True  # False: recompute the whole prefix each step (reference path, benchmarks)
 
 
 class Translator:
@@ -61,8 +63,6 @@ class Translator:
         model = Transformer(cfg)
         weights_path = Path(weights) if weights else model_dir / "model.safetensors"
         if weights_path.suffix == ".json":  # a training checkpoint
-            from aiayn.checkpoint import load_checkpoint
-
             state = load_checkpoint(weights_path).model
         else:
             state = load_model_weights(weights_path)
@@ -102,15 +102,14 @@ class Translator:
             while end < len(order) and (end - start + 1) * len(sources[order[end]]) <= options.max_tokens:
                 end += 1
             idx = order[start:end]
-            width = max(len(sources[i]) for i in idx)
-            src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)  # (B, S)
-            for row, i in enumerate(idx):
-                src[row, : len(sources[i])] = torch.from_numpy(sources[i])
+            src = pad_batch([sources[i] for i in idx])  # (B, S)
             if options.beam_size == 1:
-                hyps = greedy_decode(self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b)
+                hyps = greedy_decode(self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b,
+                                     use_cache=options.use_cache)
             else:
                 hyps = beam_search(self.model, src, beam_size=options.beam_size, len_penalty=options.len_penalty,
-                                   max_len_a=options.max_len_a, max_len_b=options.max_len_b)
+                                   max_len_a=options.max_len_a, max_len_b=options.max_len_b,
+                                   use_cache=options.use_cache)
             for i, h in zip(idx, hyps):
                 results[i] = list(h)
             if progress:

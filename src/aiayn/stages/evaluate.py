@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 from aiayn.config import Params
@@ -37,7 +38,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
                             max_len_b=e.max_len_b, max_tokens=e.max_tokens)
     metrics: dict[str, dict[str, float]] = {}
-    scores: dict[str, Any] = {"decode": dict(options.__dict__), "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
+    scores: dict[str, Any] = {"decode": asdict(options), "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
     with Tracker("evaluate", project_root=layout.root) as tracker:
         with atomic_dir(layout.eval) as out:
             for step, split in enumerate(d.test_splits):

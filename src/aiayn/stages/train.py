@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.checkpoint import save_model
 from aiayn.config import Params
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.stages import Layout
@@ -99,8 +100,6 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         model = result.model
         model.load_state_dict(weights)
         final = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)
-
-        from aiayn.checkpoint import save_model
 
         with atomic_dir(layout.model) as out:
             save_model(out / "model.safetensors", weights)
