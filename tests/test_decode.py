@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, model_preset
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, model_preset
 from aiayn.decode import (
     Hypothesis,
     beam_search,
@@ -90,7 +90,7 @@ def reference_beam(model, src_row: torch.Tensor, *, beam_size: int, alpha: float
                 logits = model.decode(torch.tensor([toks]), memory, mask)[0, -1]
             lp = torch.log_softmax(logits.double(), -1).tolist()
             for tok, l in enumerate(lp):
-                if tok in (PAD_ID, BOS_ID) or (step == 0 and tok == EOS_ID) or (step == max_len and tok != EOS_ID):
+                if tok in (PAD_ID, BOS_ID, UNK_ID) or (step == 0 and tok == EOS_ID) or (step == max_len and tok != EOS_ID):
                     continue
                 cands.append((score + l, toks, tok))
         cands.sort(key=lambda c: -c[0])

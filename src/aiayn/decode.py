@@ -16,7 +16,8 @@ Conventions (shared by both decoders, fairseq's defaults):
 - Output length cap per sentence: ``max_len = int(max_len_a * src_len + max_len_b)`` tokens
   before EOS, ``src_len`` = non-PAD source tokens, at least 1. At step ``max_len`` only EOS is
   allowed (a hypothesis that reaches the cap ends there; its EOS log-probability counts).
-- PAD and BOS are never generated; EOS is not allowed as the first token (min length 1).
+- PAD, BOS and UNK are never generated (UNK: an output must not hold sentencepiece's unknown
+  placeholder); EOS is not allowed as the first token (min length 1).
 - Returned token lists exclude BOS and EOS.
 - Decoding is synchronous: all rows advance one position per step. Finished sentences leave the
   active batch (the cache is reordered to the active rows), so they stop costing compute.
@@ -44,7 +45,7 @@ from typing import Any
 
 import torch
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID
+from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __all__ = [
     "Hypothesis",
@@ -111,13 +112,14 @@ def _check_src(src: torch.Tensor) -> None:
 def _next_logprobs(logits: torch.Tensor, step: int, at_max: torch.Tensor) -> torch.Tensor:
     """Log-probabilities ``(N, V)`` of the next token from ``logits`` ``(N, T, V)`` with the rules applied.
 
-    Float32 at least (float64 models stay float64). PAD and BOS are forbidden, EOS at step 0 too;
+    Float32 at least (float64 models stay float64). PAD, BOS and UNK are forbidden, EOS at step 0 too;
     rows with ``at_max`` ``(N,)`` True may only emit EOS.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)
     lprobs = torch.log_softmax(logits[:, -1].to(dtype), dim=-1)  # (N, V)
     lprobs[:, PAD_ID] = -torch.inf
     lprobs[:, BOS_ID] = -torch.inf
+    lprobs[:, UNK_ID] = -torch.inf
     if step == 0:
         lprobs[:, EOS_ID] = -torch.inf
     eos_only = torch.full_like(lprobs, -torch.inf)  # (N, V)

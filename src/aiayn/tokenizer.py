@@ -159,6 +159,17 @@ class Tokenizer:
             raise TypeError("encode() takes a list of strings, got a single str")
         return self._sp.encode(list(texts), out_type=int)
 
+    def encode_known(self, text: str) -> tuple[list[int], list[str]]:
+        """``text`` -> ``(ids, unknown)``: the ids of ``text`` with every character the model does not
+        know left out (no ``UNK_ID``; whitespace around a removed run collapses to one space), and
+        the removed runs of unknown characters, in order (``[]`` when there were none)."""
+        proto = self._sp.encode(text, out_type="proto")
+        unknown = [p.surface for p in proto.pieces if p.id == UNK_ID]
+        if not unknown:
+            return [p.id for p in proto.pieces], []
+        kept = " ".join("".join(p.surface if p.id != UNK_ID else " " for p in proto.pieces).split())
+        return [i for i in self._sp.encode(kept, out_type=int) if i != UNK_ID], unknown
+
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Id sequences -> texts.
 

@@ -3,28 +3,60 @@
 A model bundle is a directory (``artifacts/model`` by default) holding
 ``model.safetensors`` (averaged weights), ``model.json`` (resolved
 ``ModelConfig`` and provenance) and ``spm.model`` (the joint tokenizer).
+
+``Translator.prepare`` + ``Translator.translate_prepared`` (or ``Translator.translate``, both in one)
+is the one translation path: ``aiayn translate``, the ``evaluate`` stage and the service call it.
+Per input line (``aiayn.textio`` decides what a line is):
+
+- blank or whitespace-only -> an empty output line, without decoding; N lines in -> N lines out;
+- line-break and control characters inside a line -> spaces (``aiayn.textio.clean_line``);
+- characters the tokenizer does not know (emoji, rare scripts: sentencepiece's unknown piece) are
+  dropped from the source (the model never saw the unknown piece in training), counted, and one
+  warning says how many lines had them; the unknown piece is never generated, and no output
+  contains sentencepiece's placeholder U+2047;
+- a line longer than the model accepts (``Translator.max_source_tokens``: the position table and
+  the decoder's length cap must both fit ``max_positions``) follows the ``long`` policy:
+  ``"error"`` (``InputError`` naming the line and its length), ``"truncate"`` (cut, one warning
+  per line) or ``"split"`` (translated in pieces cut at sentence, clause, then word boundaries and
+  joined with spaces).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from aiayn.batching import pad_batch
 from aiayn.checkpoint import CheckpointError, load_checkpoint, load_model_weights
-from aiayn.config import EOS_ID, ModelConfig
+from aiayn.config import EOS_ID, UNK_ID, ModelConfig
 from aiayn.decode import beam_search, greedy_decode
 from aiayn.model import Transformer
+from aiayn.textio import LONG_POLICIES, InputError, clean_line, output_line, split_long
 from aiayn.tokenizer import Tokenizer
 
-__all__ = ["Translator", "DecodeOptions", "MAX_INPUT_TOKENS"]
+__all__ = [
+    "Translator",
+    "DecodeOptions",
+    "PreparedInput",
+    "InputReport",
+    "InputError",
+    "LONG_POLICIES",
+    "resolve_device",
+    "MAX_INPUT_TOKENS",
+]
 
-#: Longest source sentence accepted (tokens, EOS included); longer input is rejected, not truncated.
+log = logging.getLogger("aiayn")
+
+#: Legacy fixed cap (tokens, EOS included), kept for the quantize stage's sample selection only.
+#: Translation derives its limit from the model: ``Translator.max_source_tokens``.
 MAX_INPUT_TOKENS = 256
 
 
@@ -40,46 +72,221 @@ class DecodeOptions:
     use_cache: bool = True  # False: recompute the whole prefix each step (reference path, benchmarks)
 
 
+@dataclass
+class InputReport:
+    """What ``Translator.prepare`` found in its input; counts are input lines.
+
+    ``limit``: longest source accepted, in tokens with EOS. ``unknown_chars``: each character (or
+    run of them) the tokenizer does not know, with its number of occurrences. ``long_lines``:
+    ``(line, tokens with EOS)`` of every line over ``limit`` (split or truncated).
+    """
+
+    lines: int = 0
+    blank: int = 0
+    limit: int = 0
+    unknown_lines: int = 0
+    unknown_chars: Counter = field(default_factory=Counter)
+    long_lines: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class PreparedInput:
+    """Input lines as decoder units. ``units``: ``(len,)`` int64 source ids with EOS, at most
+    ``report.limit`` long; ``spans[i] = (start, end)``: the units of line ``i`` (``start == end`` for
+    a line with nothing to translate)."""
+
+    units: list[np.ndarray]
+    spans: list[tuple[int, int]]
+    report: InputReport
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; anything else as ``torch.device`` understands it.
+
+    Raises ``ValueError`` for an unknown device string or CUDA asked for but not available.
+    """
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda[:N]") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but CUDA is not available here (use --device auto or cpu)")
+    return dev
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _read_model_config(path: Path) -> ModelConfig:
+    """``ModelConfig`` from a bundle's ``model.json``; ``CheckpointError`` (one line) if malformed."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise CheckpointError(f"{path}: no 'model' mapping (a model.json written by `aiayn train` has one)")
+    try:
+        return ModelConfig(**meta["model"])
+    except ValidationError as e:
+        errors = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'model'}: {err['msg']}" for err in e.errors())
+        raise CheckpointError(f"{path}: invalid model config: {errors}") from None
+    except TypeError as e:
+        raise CheckpointError(f"{path}: invalid model config: {e}") from None
+
+
 class Translator:
-    """A model + tokenizer pair ready to translate lists of sentences."""
+    """A model + tokenizer pair ready to translate lists of sentences (on the model's device)."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, *, weights: str | Path | None = None) -> "Translator":
-        """Load the bundle in ``model_dir`` (optionally other weights, e.g. a checkpoint's).
+    def from_dir(
+        cls, model_dir: str | Path, *, weights: str | Path | None = None, device: str | torch.device = "auto"
+    ) -> "Translator":
+        """Load the bundle in ``model_dir`` (optionally other weights, e.g. a checkpoint's) onto ``device``.
 
-        Raises ``FileNotFoundError`` for a missing bundle file and
-        ``aiayn.checkpoint.CheckpointError`` for unreadable weights.
+        ``device``: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``; the
+        model is built there, so ``attention_backend: auto`` picks the Triton kernel on CUDA.
+
+        Raises ``FileNotFoundError`` for a missing bundle or weights file,
+        ``aiayn.checkpoint.CheckpointError`` for a malformed ``model.json``, unreadable weights or
+        weights/tokenizer that do not fit the model, ``aiayn.tokenizer.TokenizerError`` for an
+        unreadable ``spm.model`` and ``ValueError`` for an unusable ``device``. Every message is one line.
         """
         model_dir = Path(model_dir)
         for name in ("model.json", "spm.model"):
             if not (model_dir / name).exists():
                 raise FileNotFoundError(f"{model_dir / name} not found: train a model first (`aiayn train` or `dvc repro`)")
-        meta = json.loads((model_dir / "model.json").read_text(encoding="utf-8"))
-        cfg = ModelConfig(**meta["model"])
-        model = Transformer(cfg)
+        cfg = _read_model_config(model_dir / "model.json")
         weights_path = Path(weights) if weights else model_dir / "model.safetensors"
+        if not weights_path.is_file():
+            raise FileNotFoundError(f"model weights {weights_path} not found (the bundle in {model_dir} is incomplete)")
+        dev = resolve_device(device)
         if weights_path.suffix == ".json":  # a training checkpoint
             state = load_checkpoint(weights_path).model
         else:
             state = load_model_weights(weights_path)
+        tokenizer = Tokenizer.load(model_dir / "spm.model")
+        if tokenizer.vocab_size != cfg.vocab_size:
+            raise CheckpointError(
+                f"{model_dir / 'spm.model'} has {tokenizer.vocab_size} pieces but {model_dir / 'model.json'} "
+                f"says vocab_size={cfg.vocab_size}"
+            )
+        model = Transformer(cfg, device=dev)
         try:
             model.load_state_dict(state)
         except RuntimeError as e:
-            raise CheckpointError(f"weights {weights_path} do not fit the model in {model_dir / 'model.json'}: {e}") from e
-        return cls(model, Tokenizer.load(model_dir / "spm.model"))
+            raise CheckpointError(
+                f"weights {weights_path} do not fit the model in {model_dir / 'model.json'}: {_one_line(e)}"
+            ) from None
+        return cls(model, tokenizer)
 
-    def encode(self, sentences: list[str]) -> list[np.ndarray]:
-        """Source ids with EOS appended. Raises ``ValueError`` for over-long input (names the line, 1-based)."""
-        out = []
-        for i, ids in enumerate(self.tokenizer.encode(sentences)):
-            if len(ids) + 1 > MAX_INPUT_TOKENS:
-                raise ValueError(f"input line {i + 1} has {len(ids) + 1} tokens; the limit is {MAX_INPUT_TOKENS}")
-            out.append(np.asarray(ids + [EOS_ID], dtype=np.int64))
-        return out
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters (and every decoding batch) live."""
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ input -> units
+
+    def max_source_tokens(self, options: DecodeOptions = DecodeOptions()) -> int:
+        """Longest source this model translates without clipping, in tokens with EOS.
+
+        The largest ``n <= max_positions`` with ``int(max_len_a * n + max_len_b) <= max_positions - 1``
+        (the decoder's output cap must fit the position table too; ``aiayn.decode``). Raises
+        ``ValueError`` when not even a one-token source fits (``max_len_b`` too large).
+        """
+        P = self.model.max_positions
+        a, b = options.max_len_a, options.max_len_b
+        n = P if a == 0 else min(P, int((P - 1 - b) / a) + 1)
+        while n > 0 and int(a * n + b) > P - 1:
+            n -= 1
+        if n < 2:
+            raise ValueError(
+                f"max_len_a={a}, max_len_b={b} leave no room in max_positions={P}: the output cap "
+                "max_len_a * src_len + max_len_b must stay below max_positions"
+            )
+        return n
+
+    def prepare(
+        self, lines: Sequence[str], options: DecodeOptions = DecodeOptions(), *, long: str = "error"
+    ) -> PreparedInput:
+        """Clean, tokenize and size-check ``lines`` (see the module docstring for the rules).
+
+        Logs one warning when lines hold unknown characters and, under ``long="truncate"``, one per
+        truncated line. Raises ``InputError`` (a ``ValueError``) for a line over the limit under
+        ``long="error"`` (naming the first such line, its length in tokens and the limit) and
+        ``ValueError`` for an unknown ``long`` policy.
+        """
+        if long not in LONG_POLICIES:
+            raise ValueError(f"long-line policy must be one of {LONG_POLICIES}, got {long!r}")
+        limit = self.max_source_tokens(options)
+        report = InputReport(lines=len(lines), limit=limit)
+        texts = [" ".join(clean_line(s).split()) for s in lines]
+        encoded = self.tokenizer.encode(texts)
+        ids_per_line: list[list[int]] = []
+        for text, ids in zip(texts, encoded):
+            if UNK_ID in ids:
+                ids, unknown = self.tokenizer.encode_known(text)
+                report.unknown_lines += 1
+                report.unknown_chars.update(unknown)
+            if not ids:
+                report.blank += not text
+            ids_per_line.append(ids)
+
+        too_long = [(n, len(ids) + 1) for n, ids in enumerate(ids_per_line, 1) if len(ids) + 1 > limit]
+        report.long_lines = too_long
+        if too_long and long == "error":
+            n, k = too_long[0]
+            more = f" ({len(too_long) - 1} more line(s) too long)" if len(too_long) > 1 else ""
+            raise InputError(
+                f"input line {n} has {k} tokens (with EOS); this model translates at most {limit} "
+                f"(max_positions={self.model.max_positions}, max_len_a={options.max_len_a}, "
+                f"max_len_b={options.max_len_b}){more}; long-line policy 'error': use 'split' or 'truncate'"
+            )
+        units: list[np.ndarray] = []
+        spans: list[tuple[int, int]] = []
+        long_set = {n for n, _ in too_long}
+
+        def count(text: str) -> int:
+            return len(self.tokenizer.encode_known(text)[0])
+
+        for n, (text, ids) in enumerate(zip(texts, ids_per_line), 1):
+            start = len(units)
+            if n in long_set and long == "split":  # pieces of <= limit - 1 tokens + EOS
+                pieces = [self.tokenizer.encode_known(p)[0] for p in split_long(text, count, limit - 1)]
+            elif n in long_set:
+                log.warning("input line %d: %d tokens (with EOS), truncated to the model's limit of %d",
+                            n, len(ids) + 1, limit)
+                pieces = [ids]
+            else:
+                pieces = [ids]
+            for p in pieces:
+                if p:
+                    units.append(np.asarray(p[: limit - 1] + [EOS_ID], dtype=np.int64))
+            spans.append((start, len(units)))
+        if report.unknown_lines:
+            sample = ", ".join(repr(c) for c, _ in report.unknown_chars.most_common(5))
+            log.warning("%d of %d input line(s) hold characters the tokenizer does not know (%s); they were "
+                        "left out of the translation", report.unknown_lines, report.lines, sample)
+        if too_long and long == "split":
+            log.info("%d input line(s) longer than %d tokens translated in pieces", len(too_long), limit)
+        return PreparedInput(units, spans, report)
+
+    def encode(self, sentences: list[str], options: DecodeOptions = DecodeOptions()) -> list[np.ndarray]:
+        """Source ids with EOS appended, one ``(len,)`` int64 array per sentence (cleaned, unknown
+        characters dropped, as ``prepare`` does). Raises ``InputError`` (a ``ValueError``) for a
+        sentence over ``max_source_tokens(options)`` (names the line, 1-based)."""
+        prep = self.prepare(sentences, options, long="error")
+        return [prep.units[a] if b > a else np.asarray([EOS_ID], dtype=np.int64) for a, b in prep.spans]
+
+    # ------------------------------------------------------------------ decoding
 
     @torch.inference_mode()
     def translate_ids(
@@ -92,17 +299,19 @@ class Translator:
         """Decode source id arrays (EOS included); returns output ids in input order.
 
         Batches are formed from length-sorted sources up to ``options.max_tokens``
-        padded source tokens. ``progress(n)`` is called with each batch's size.
+        padded source tokens and run on the model's device. ``progress(n)`` is called with each
+        batch's size.
         """
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         results: list[list[int]] = [[] for _ in sources]
+        device = self.device
         start = 0
         while start < len(order):
             end = start + 1
             while end < len(order) and (end - start + 1) * len(sources[order[end]]) <= options.max_tokens:
                 end += 1
             idx = order[start:end]
-            src = pad_batch([sources[i] for i in idx])  # (B, S)
+            src = pad_batch([sources[i] for i in idx]).to(device)  # (B, S)
             if options.beam_size == 1:
                 hyps = greedy_decode(self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b,
                                      use_cache=options.use_cache)
@@ -117,14 +326,48 @@ class Translator:
             start = end
         return results
 
+    def translate_prepared(
+        self,
+        prepared: PreparedInput,
+        options: DecodeOptions = DecodeOptions(),
+        *,
+        chunk_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Iterator[list[str]]:
+        """Translate ``prepared`` in chunks of consecutive input lines; yields each chunk's output lines
+        in input order (concatenated: exactly one line, without line breaks or U+2047, per input line).
+
+        A chunk closes once it holds ``chunk_tokens`` source tokens (``None``: one chunk, so batches
+        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count.
+        """
+        spans, units = prepared.spans, prepared.units
+        start = 0
+        while start < len(spans):
+            end, tokens = start, 0
+            while end < len(spans) and (chunk_tokens is None or tokens < chunk_tokens or end == start):
+                a, b = spans[end]
+                tokens += sum(len(u) for u in units[a:b])
+                end += 1
+            first, last = spans[start][0], spans[end - 1][1]
+            ids = self.translate_ids(units[first:last], options)
+            texts = [output_line(t) for t in self.tokenizer.decode([[i for i in h if i != UNK_ID] for h in ids])]
+            yield [" ".join(t for t in texts[a - first : b - first] if t) for a, b in spans[start:end]]
+            if progress:
+                progress(end - start)
+            start = end
+
     def translate(
         self,
         sentences: Iterable[str],
         options: DecodeOptions = DecodeOptions(),
         *,
+        long: str = "error",
         progress: Callable[[int], None] | None = None,
     ) -> list[str]:
-        """Translate detokenized sentences; returns detokenized translations in input order."""
-        sentences = list(sentences)
-        ids = self.translate_ids(self.encode(sentences), options, progress=progress)
-        return self.tokenizer.decode(ids)
+        """Translate sentences (one per item); returns exactly one detokenized line per item, in order.
+
+        ``prepare`` (with ``long``) then ``translate_prepared`` in one chunk. Raises ``InputError``
+        for an over-long line under ``long="error"``.
+        """
+        prepared = self.prepare(list(sentences), options, long=long)
+        return [line for chunk in self.translate_prepared(prepared, options, progress=progress) for line in chunk]

@@ -29,23 +29,27 @@ log = logging.getLogger("aiayn")
 def run(params: Params, layout: Layout) -> dict[str, Any]:
     """Translate every ``params.data.test_splits`` source file and score it against its reference.
 
+    Decodes on ``params.evaluate.device``; an over-long source line follows
+    ``params.evaluate.long_policy`` (default ``error``: a benchmark never changes silently).
     Returns ``{split: {bleu, chrf, bleu_lc_tok, ...}}``. Raises
-    ``FileNotFoundError`` if the model bundle or a prepared split is missing and
+    ``FileNotFoundError`` if the model bundle or a prepared split is missing,
+    ``aiayn.translate.InputError`` (a ``ValueError``) for an over-long line under ``error``, and
     ``aiayn.scoring.ScoringError`` if output still holds subword markers.
     """
     d, e = params.data, params.evaluate
-    translator = Translator.from_dir(layout.model)
+    translator = Translator.from_dir(layout.model, device=e.device)
     options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
                             max_len_b=e.max_len_b, max_tokens=e.max_tokens)
     metrics: dict[str, dict[str, float]] = {}
-    scores: dict[str, Any] = {"decode": asdict(options), "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
+    scores: dict[str, Any] = {"decode": asdict(options) | {"long_policy": e.long_policy}, "device": str(translator.device),
+                              "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
     with Tracker("evaluate", project_root=layout.root) as tracker:
         with atomic_dir(layout.eval) as out:
             for step, split in enumerate(d.test_splits):
                 sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")
                 references = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
                 t0 = time.perf_counter()
-                hyps = translator.translate(sources, options)
+                hyps = translator.translate(sources, options, long=e.long_policy)
                 seconds = time.perf_counter() - t0
                 atomic_write_text(out / f"{split}.hyp.{d.tgt_lang}", "".join(h + "\n" for h in hyps))
                 result = score(hyps, references)
