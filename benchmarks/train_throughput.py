@@ -24,29 +24,42 @@ import torch.nn as nn
 from aiayn.batching import collate, make_batches
 from aiayn.config import PAD_ID, model_preset
 from aiayn.model import Transformer
+from aiayn.model.positions import sinusoid_table
 from aiayn.tokenizer import EncodedSplit, load_encoded
 from aiayn.train import label_smoothed_cross_entropy
 
 
 class TorchReference(nn.Module):
-    """``torch.nn.Transformer`` with tied embeddings scaled by sqrt(d_model) and sinusoidal positions."""
+    """``torch.nn.Transformer`` doing the same work as aiayn's post-norm model, no more, no less.
+
+    Same dims, tied embeddings scaled by sqrt(d_model), the same sinusoid table (interleaved
+    sin/cos), dropout only where ours has it (embeddings + every residual branch): attention
+    dropout and the FFN's inner dropout are set to 0 (ours has neither; ``attention_dropout``
+    defaults to 0), the two final stack LayerNorms that ``nn.Transformer`` adds are removed
+    (post-norm has none), and every mask is boolean (no float ``-inf`` masks to add).
+    """
 
     def __init__(self, vocab_size: int, d_model: int, n_heads: int, d_ff: int, n_layers: int, dropout: float) -> None:
         super().__init__()
         self.d_model = d_model
         self.embed = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
         self.core = nn.Transformer(d_model, n_heads, n_layers, n_layers, d_ff, dropout, batch_first=True)
-        pos = torch.arange(1024).unsqueeze(1)
-        div = torch.exp(torch.arange(0, d_model, 2) * (-np.log(10000.0) / d_model))
-        pe = torch.zeros(1024, d_model)
-        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-        self.register_buffer("pe", pe)
+        self.core.encoder.norm = None  # post-norm: no final LayerNorm per stack
+        self.core.decoder.norm = None
+        for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
+            layer.dropout = nn.Identity()  # FFN inner dropout: not in ours (nor in the paper)
+            for attn in (getattr(layer, "self_attn", None), getattr(layer, "multihead_attn", None)):
+                if attn is not None:
+                    attn.dropout = 0.0  # attention dropout: ours defaults to 0
+        self.emb_dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", sinusoid_table(1024, d_model))
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         def emb(x: torch.Tensor) -> torch.Tensor:
-            return self.embed(x) * self.d_model**0.5 + self.pe[: x.size(1)]
+            return self.emb_dropout(self.embed(x) * self.d_model**0.5 + self.pe[: x.size(1)])
 
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1))
+        t = tgt_in.size(1)
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)  # True = masked, as nn.Transformer's bool masks
         h = self.core(emb(src), emb(tgt_in), tgt_mask=causal, tgt_is_causal=True,
                       src_key_padding_mask=src == PAD_ID, tgt_key_padding_mask=tgt_in == PAD_ID,
                       memory_key_padding_mask=src == PAD_ID)
@@ -85,7 +98,7 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--max-tokens", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20, help="batches per timed round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokenized", type=Path, default=Path("artifacts/tokenized"))
     args = ap.parse_args()
 
@@ -108,9 +121,9 @@ def main() -> None:
     for k, m in models.items():
         run_steps(m, warm, opts[k])
     rates: dict[str, list[float]] = {k: [] for k in models}
-    for _ in range(args.rounds):
-        for k, m in models.items():
-            seconds, tokens = run_steps(m, batches, opts[k])
+    for r in range(args.rounds):  # alternate which model goes first, so drift hits both alike
+        for k in (list(models) if r % 2 == 0 else list(models)[::-1]):
+            seconds, tokens = run_steps(models[k], batches, opts[k])
             rates[k].append(tokens / seconds)
     med = {k: statistics.median(v) for k, v in rates.items()}
     base = med["torch.nn.Transformer"]
@@ -119,11 +132,15 @@ def main() -> None:
           f"{args.steps} steps x {args.rounds} rounds; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}")
     print()
-    print("| model | params | target tokens/s (median) | rounds | ratio vs torch.nn.Transformer |")
+    print("| model | params | target tokens/s (median) | min-max | ratio vs torch.nn.Transformer (median, min-max of per-round ratios) |")
     print("|---|---|---|---|---|")
+    ratios = [a / b for a, b in zip(rates["aiayn Transformer"], rates["torch.nn.Transformer"])]
     for k, m in models.items():
         n = sum(p.numel() for p in m.parameters())
-        print(f"| {k} | {n / 1e6:.2f}M | {med[k]:.0f} | {', '.join(f'{r:.0f}' for r in rates[k])} | {med[k] / base:.2f} |")
+        spread = f"{min(rates[k]):.0f}-{max(rates[k]):.0f}"
+        ratio = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if k == "aiayn Transformer"
+                 else "1.00")
+        print(f"| {k} | {n / 1e6:.2f}M | {med[k]:.0f} | {spread} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ stage's own error message (the exception propagates: the flow run ends
 
 Retries: only I/O is retried (``io_task``: fetching the corpus, DVC remote
 transfers), with exponential back-off and only for transient errors
-(``OSError`` and its kin: ``ConnectionError``, ``TimeoutError``,
-``urllib.error.URLError``). Compute stages (prepare, tokenize, train,
+(``is_transient``: connection errors, timeouts, HTTP 5xx/429 and the network
+``errno`` values). A full disk, a permission error, a missing file or any other
+``OSError`` fails at once: retrying cannot fix them, only delay the message. Compute stages (prepare, tokenize, train,
 evaluate) are never retried: a failure there is a bug or bad input, and
 re-running a 45-minute training would only repeat it. MLflow calls happen in
 the stages' ``aiayn.tracking.Tracker``, which bounds its own HTTP retries and
@@ -35,9 +36,11 @@ from typing import Any
 
 from prefect import Flow, flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled
 from prefect.tasks import exponential_backoff
 
 from aiayn.config import Params, load_params
+from aiayn.retry import is_transient as core_is_transient
 from aiayn.stages import Layout
 
 __all__ = [
@@ -54,10 +57,11 @@ __all__ = [
     "tokenize",
     "train",
     "evaluate",
+    "quantize",
     "STAGE_FLOWS",
 ]
 
-#: Exceptions treated as transient I/O failures (retried by ``io_task``).
+#: Exception types an ``io_task`` may retry; ``aiayn.retry.is_transient`` then decides for each error.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError,)
 
 #: Retries of an I/O task after its first attempt.
@@ -65,10 +69,13 @@ IO_RETRIES = 3
 #: First retry delay (seconds); doubled at each retry: 2, 4, 8 s, each +/- 50 % jitter.
 IO_RETRY_BACKOFF_S = 2.0
 
-
 def is_transient(exc: BaseException | None, transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS) -> bool:
-    """True when ``exc`` is one of ``transient`` (a failure worth retrying)."""
-    return isinstance(exc, transient)
+    """True when ``exc`` is worth retrying: an instance of ``transient`` that ``aiayn.retry.is_transient``
+    does not call permanent (a full disk, a permission error, HTTP 4xx are never retried). A
+    caller-given type outside ``OSError`` (e.g. DVC's ``UploadError``) is retried as such."""
+    if exc is None or not isinstance(exc, transient):
+        return False
+    return core_is_transient(exc) if isinstance(exc, OSError) else True
 
 
 def _retry_condition(transient: tuple[type[BaseException], ...]) -> Callable[..., bool]:
@@ -145,8 +152,12 @@ def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
 def run_stage(stage: str, params: Params, layout: Layout) -> dict:
     """Run ``aiayn.stages.<stage>.run(params, layout)`` and return its summary (never retried)."""
     module = importlib.import_module(f"aiayn.stages.{stage}")
-    with stage_logs_to_prefect():
-        summary = module.run(params, layout)
+    try:
+        with stage_logs_to_prefect():
+            summary = module.run(params, layout)
+    except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; one line, no traceback
+        get_run_logger().warning("%s interrupted: %s", stage, e)
+        return {INTERRUPTED_KEY: str(e)}
     get_run_logger().info("%s summary: %s", stage, summary)
     return summary
 
@@ -161,10 +172,17 @@ def fetch_corpus(layout: Layout, mirror: str | None = None) -> dict:
     return summary
 
 
-def _run(stage: str, params_path: str, root: str) -> dict:
+#: Key of the summary a stage returns when it was interrupted (its flow run ends ``Cancelled``).
+INTERRUPTED_KEY = "interrupted"
+
+
+def _run(stage: str, params_path: str, root: str) -> Any:
     root_path = Path(root).resolve()
     params = load_params(root_path / params_path)  # an absolute params_path stays as is
-    return run_stage(stage, params, Layout(root_path))
+    summary = run_stage(stage, params, Layout(root_path))
+    if INTERRUPTED_KEY in summary:
+        return Cancelled(message=summary[INTERRUPTED_KEY])
+    return summary
 
 
 # --------------------------------------------------------------------------- flows
@@ -200,6 +218,12 @@ def evaluate(params_path: str = "params.yaml", root: str = ".") -> dict:
     return _run("evaluate", params_path, root)
 
 
+@flow(name="quantize", log_prints=True)
+def quantize(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Build, evaluate and gate the quantized variants (CTranslate2 int8/int16, torchao on GPU) into ``artifacts/quantized``."""
+    return _run("quantize", params_path, root)
+
+
 #: Stage name -> its flow, in pipeline order (``fetch`` comes before the DVC DAG).
 STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "fetch": fetch,
@@ -207,4 +231,5 @@ STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "tokenize": tokenize,
     "train": train,
     "evaluate": evaluate,
+    "quantize": quantize,
 }

@@ -8,7 +8,8 @@ Options: ``--params`` (default ``params.yaml``, relative to ``--root``),
 ``--root`` (default: the current directory), ``--mirror`` (``fetch`` only; a
 local corpus folder, default ``$AIAYN_DATA_MIRROR``).
 
-Exit status: 0 on success; 1 when the stage failed, with the stage's own error
+Exit status: 0 on success; 130 when it was interrupted (Ctrl-C or SIGTERM: one line on
+stderr, ``stage <name> interrupted: <message>``, saying where its checkpoint is); 1 when the stage failed, with the stage's own error
 message on stderr (``stage <name> failed: <ExceptionType>: <message>``) and, when
 ``$AIAYN_STAGE_ERROR_FILE`` is set, in that file too (the ``pipeline`` flow reads it
 to fail with the stage's message); 2 on bad arguments.
@@ -31,6 +32,8 @@ __all__ = ["main", "ERROR_FILE_ENV", "PIPELINE_RUN_ENV"]
 ERROR_FILE_ENV = "AIAYN_STAGE_ERROR_FILE"
 #: Prefect flow run id of the enclosing ``pipeline`` run, when set.
 PIPELINE_RUN_ENV = "AIAYN_PIPELINE_RUN_ID"
+#: Exit status of an interrupted stage (128 + SIGINT, as a shell reports Ctrl-C).
+INTERRUPTED_EXIT = 130
 
 
 def _parser(stages: list[str]) -> argparse.ArgumentParser:
@@ -62,10 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     from prefect import tags
 
     pipeline_run = os.environ.get(PIPELINE_RUN_ENV)
-    with tags(f"pipeline-run:{pipeline_run}") if pipeline_run else contextlib.nullcontext():
-        state = flow(**kwargs, return_state=True)
+    try:
+        with tags(f"pipeline-run:{pipeline_run}") if pipeline_run else contextlib.nullcontext():
+            state = flow(**kwargs, return_state=True)
+    except KeyboardInterrupt:  # Ctrl-C outside the stage's own handler (start-up, data loading)
+        print(f"stage {args.stage} interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT
     if state.is_completed():
         return 0
+    if state.is_cancelled():  # the stage stopped on Ctrl-C/SIGTERM after saving its state
+        print(f"stage {args.stage} interrupted: {state.message}", file=sys.stderr)
+        return INTERRUPTED_EXIT
 
     message = f"stage {args.stage} failed: {_failure_message(state)}"
     print(message, file=sys.stderr)

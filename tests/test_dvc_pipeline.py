@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 
+pytestmark = pytest.mark.slow  # a whole pipeline: fetch -> dvc repro of every stage
+
 
 def sh(*cmd: str, cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -138,3 +140,38 @@ def test_translate_cli_on_the_trained_bundle(project):
     bad = subprocess.run([str(BIN / "aiayn"), "translate", "--model-dir", "nowhere"], input="x\n", cwd=root, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not found" in bad.stderr
+
+
+def _stale_stages(root: Path, env: dict) -> set[str]:
+    status = json.loads(sh(str(BIN / "dvc"), "status", "--json", cwd=root, env=env).stdout or "{}")
+    return {name for name in status if not name.endswith(".dvc")}
+
+
+def test_bytecode_caches_leave_dvc_status_clean(project):
+    """Importing the package with bytecode writing on (what any normal Python use does) changes nothing."""
+    root, env = project["root"], project["env"]
+    bytecode_env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(root / "src")}
+    sh(sys.executable, "-c", "import aiayn.stages.train, aiayn.stages.evaluate, aiayn.cli", cwd=root, env=bytecode_env)
+    sh(sys.executable, "-m", "compileall", "-q", "src", cwd=root, env=bytecode_env)
+    assert list((root / "src" / "aiayn" / "model").glob("__pycache__/*.pyc")), "no bytecode was written"
+    assert _stale_stages(root, env) == set()
+
+
+@pytest.mark.parametrize(("path", "old", "new", "stale", "fresh"), [
+    # editing the tiny preset (the main job's model) makes train stale
+    ("src/aiayn/config.py", 'd_ff=512, n_layers=3', 'd_ff=768, n_layers=3', {"train", "evaluate"}, set()),
+    # editing decoding makes evaluate stale, and leaves training alone
+    ("src/aiayn/decode.py", "import torch", "import torch  # edited", {"evaluate"}, {"prepare", "tokenize", "train"}),
+])
+def test_a_code_edit_makes_exactly_its_stages_stale(project, path, old, new, stale, fresh):
+    root, env = project["root"], project["env"]
+    target = root / path
+    original = target.read_text(encoding="utf-8")
+    assert old in original
+    try:
+        target.write_text(original.replace(old, new, 1), encoding="utf-8")
+        found = _stale_stages(root, env)
+    finally:
+        target.write_text(original, encoding="utf-8")
+    assert stale <= found and not (fresh & found), found
+    assert _stale_stages(root, env) == set()

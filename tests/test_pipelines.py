@@ -184,12 +184,65 @@ def test_fetch_does_not_retry_a_checksum_error(tmp_path, prefect_harness, monkey
 
 
 def test_is_transient_covers_network_errors_only():
+    import errno
     import urllib.error
 
     from pipelines.flows import is_transient
 
-    assert is_transient(TimeoutError()) and is_transient(urllib.error.URLError("x")) and is_transient(OSError())
-    assert not is_transient(ValueError("bad checksum")) and not is_transient(None)
+    transient = [TimeoutError(), ConnectionResetError("reset"), urllib.error.URLError("x"),
+                 urllib.error.URLError(ConnectionRefusedError(errno.ECONNREFUSED, "refused")),
+                 urllib.error.HTTPError("http://x", 503, "unavailable", {}, None),
+                 urllib.error.HTTPError("http://x", 429, "slow down", {}, None),
+                 OSError(errno.ENETUNREACH, "network is unreachable")]
+    permanent = [OSError(errno.ENOSPC, "No space left on device"), PermissionError(errno.EACCES, "Permission denied"),
+                 OSError(errno.EROFS, "Read-only file system"), FileNotFoundError(errno.ENOENT, "missing"),
+                 urllib.error.HTTPError("http://x", 404, "not found", {}, None), OSError("no errno"),
+                 urllib.error.URLError(OSError(errno.ENOSPC, "No space left on device")),
+                 ValueError("bad checksum"), None]
+    assert [is_transient(e) for e in transient] == [True] * len(transient)
+    assert [is_transient(e) for e in permanent] == [False] * len(permanent)
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device (injected)"),
+                                   PermissionError(13, "Permission denied (injected)")])
+def test_fetch_does_not_retry_a_full_disk_or_a_permission_error(tmp_path, prefect_harness, monkeypatch, error):
+    import aiayn.stages.fetch as fetch_stage
+    from pipelines.flows import fetch
+
+    attempts = []
+
+    def broken(layout, mirror=None):
+        attempts.append(1)
+        raise error
+
+    monkeypatch.setattr(fetch_stage, "run", broken)
+    state = fetch(root=str(tmp_path), return_state=True)
+    assert state.is_failed() and "(injected)" in state.message
+    assert len(attempts) == 1
+
+
+def test_download_retries_a_reset_but_not_a_full_disk(tmp_path, monkeypatch):
+    import urllib.request
+
+    from aiayn import corpus
+
+    calls = []
+
+    def urlopen(url, timeout):
+        calls.append(url)
+        raise errors.pop(0)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(corpus.time, "sleep", lambda s: None)
+    errors = [ConnectionResetError("reset"), ConnectionResetError("reset"), ConnectionResetError("reset")]
+    with pytest.raises(corpus.CorpusError, match="after 3 attempts"):
+        corpus._download("http://127.0.0.1:9/x.gz", tmp_path / "x.gz")
+    assert len(calls) == 3
+    calls.clear()
+    errors = [OSError(28, "No space left on device")]
+    with pytest.raises(corpus.CorpusError, match="No space left"):
+        corpus._download("http://127.0.0.1:9/x.gz", tmp_path / "x.gz")
+    assert len(calls) == 1
 
 
 # --------------------------------------------------------------------------- report, deployments
@@ -302,3 +355,65 @@ def test_pipeline_fails_with_the_failing_stage_message(tmp_path, prefect_harness
     assert "StageFailedError: stage prepare failed: CorpusError: raw corpus file(s) missing" in state.message
     assert "test_2099_missing.en.gz" in state.message
     assert not (root / "artifacts" / "prepared").exists()
+
+
+# --------------------------------------------------------------------------- bare environment, Ctrl-C
+
+
+def _bare_env(home: Path) -> dict[str, str]:
+    """What a plain shell gives `dvc repro`: no Makefile exports, no Prefect settings, a fresh home."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
+            "AIAYN_TRACKING": "0", "OMP_NUM_THREADS": "1"}
+
+
+def test_project_settings_apply_without_the_makefile(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import pipelines.flows; from prefect.settings import get_current_settings as g; s = g(); "
+            "print(s.server.analytics_enabled, s.server.ephemeral.startup_timeout_seconds)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_bare_env(tmp_path), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "120"]
+
+
+@pytest.mark.slow
+def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root):
+    """`python -m pipelines.stage` cold-starts Prefect's temporary API from a plain shell; Ctrl-C in
+    train exits 130 with one line naming the checkpoint, and no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.flows import prepare, tokenize
+
+    if not (smoke_root / "artifacts" / "tokenized" / "spm.model").exists():
+        prepare(root=str(smoke_root))
+        tokenize(root=str(smoke_root))
+    long = yaml.safe_load((smoke_root / "params.yaml").read_text())
+    long["train"].update(max_steps=100_000, log_every=1, checkpoint_every=100_000, validate_every=100_000)
+    (smoke_root / "long.yaml").write_text(yaml.safe_dump(long))
+    cmd = [sys.executable, "-m", "pipelines.stage", "train", "--params", "long.yaml", "--root", str(smoke_root)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines, deadline = [], time.monotonic() + 240
+    try:
+        for line in proc.stdout:  # wait until the loop has taken a few steps
+            lines.append(line)
+            if "step 3/" in line or time.monotonic() > deadline:
+                break
+        assert any("step 3/" in line for line in lines), "".join(lines)[-3000:]
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    final = [line for line in out.splitlines() if line.startswith("stage train interrupted")]
+    assert len(final) == 1 and "checkpoint saved in" in final[0], out[-3000:]
+    assert list((smoke_root / "artifacts" / "checkpoints").glob("ckpt_*.json"))
+    shutil.rmtree(smoke_root / "artifacts" / "checkpoints")

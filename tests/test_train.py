@@ -251,3 +251,17 @@ def test_checkpoint_averaging_is_the_elementwise_mean(tmp_path):
     assert any(not torch.equal(states[0][k], states[1][k]) for k in avg)  # the mean is not a copy
     with pytest.raises(CheckpointError, match="no checkpoints"):
         average_checkpoints([])
+
+
+def test_averaging_uses_evenly_spaced_checkpoints_after_an_off_grid_stop(tmp_path):
+    """A run cut off the checkpoint grid (step 7 with checkpoint_every=2) averages steps 2, 4, 6, never 6 and 7."""
+    from aiayn.train import averaged_weights
+
+    split = synthetic_split()
+    train(MODEL, cfg(max_steps=7, checkpoint_every=2, keep_checkpoints=3), split, None, tmp_path / "ck")
+    names = [p.name for p in list_checkpoints(tmp_path / "ck")]
+    assert names == ["ckpt_00000002.json", "ckpt_00000004.json", "ckpt_00000006.json", "ckpt_00000007.json"]
+    _, steps = averaged_weights(tmp_path / "ck", 3, every=2)
+    assert steps == [2, 4, 6]
+    _, steps = averaged_weights(tmp_path / "ck", 3, every=100)  # nothing on the grid: the newest alone
+    assert steps == [7]

@@ -6,12 +6,14 @@ Every stage verb calls the same ``aiayn.stages.<name>.run`` that ``dvc.yaml``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
 
@@ -24,6 +26,19 @@ ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params.yaml to 
 RootOpt = Annotated[Path, typer.Option("--root", help="Project root (artifacts/ and data/ live under it).")]
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A ``StreamHandler`` on whatever ``sys.stderr`` is when a record is written (not when the
+    handler was made), so redirected or replaced stderr streams (tests, notebooks) keep working."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """Log ``aiayn`` messages to stderr (rich formatting on a terminal)."""
     logger = logging.getLogger("aiayn")
@@ -34,7 +49,7 @@ def setup_logging(level: int = logging.INFO) -> None:
 
         handler: logging.Handler = RichHandler(show_path=False)
     else:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)
     logger.setLevel(level)
@@ -49,10 +64,22 @@ def run_stage(name: str, params_path: Path, root: Path) -> dict:
     return module.run(params, Layout(root))
 
 
+#: Exit status after SIGINT / Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
+#: Exit status when the reader of standard output went away (128 + SIGPIPE), e.g. ``| head``.
+EXIT_BROKEN_PIPE = 141
+
+
 def _stage_command(name: str, doc: str) -> None:
     def command(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
         try:
             summary = run_stage(name, params, root)
+        except InterruptedError as e:  # the train loop caught SIGINT/SIGTERM and wrote a checkpoint
+            typer.echo(f"aiayn {name}: {e}", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except KeyboardInterrupt:  # Ctrl-C outside the train loop's own handler (loading, averaging)
+            typer.echo(f"aiayn {name}: interrupted", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except (ConfigError, FileNotFoundError, ValueError) as e:
             typer.echo(f"aiayn {name}: error: {e}", err=True)
             raise typer.Exit(2) from e
@@ -66,6 +93,7 @@ _stage_command("prepare", "Validate, normalise (NFC) and filter the raw corpus i
 _stage_command("tokenize", "Train the joint sentencepiece model and encode every split into artifacts/tokenized.")
 _stage_command("train", "Train (or resume) the Transformer; write the averaged model bundle to artifacts/model.")
 _stage_command("evaluate", "Translate the test sets with beam search and score them with sacreBLEU.")
+_stage_command("quantize", "Build CTranslate2/torchao quantized variants, evaluate each, gate on BLEU (artifacts/quantized).")
 
 
 @app.command()
@@ -85,10 +113,73 @@ def fetch(
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
+class _Output:
+    """Translated lines to standard output (UTF-8 whatever the locale, flushed per chunk) or, with
+    ``-o``, to a temporary sibling renamed onto the path at the end (complete or absent).
+
+    A chunk's write, flush and count run with Ctrl-C deferred (``_deferred_sigint``), so
+    ``written`` is exact when ``KeyboardInterrupt`` arrives; a second Ctrl-C during a write that
+    blocks (a reader that stopped reading) interrupts at once and sets ``partial``.
+    """
+
+    def __init__(self, path: Optional[Path], stack: contextlib.ExitStack) -> None:
+        self.written = 0
+        self.partial = False
+        if path is None:
+            self.stream = sys.stdout.buffer
+        else:
+            from aiayn.io import atomic_path
+
+            self.stream = stack.enter_context(open(stack.enter_context(atomic_path(path)), "wb"))
+
+    def write(self, lines: list[str]) -> None:
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        self.partial = True
+        with _deferred_sigint():
+            self.stream.write(data)
+            self.stream.flush()
+            self.written += len(lines)
+            self.partial = False
+
+
+@contextlib.contextmanager
+def _deferred_sigint():
+    """Hold a SIGINT that arrives inside the block until its end (a second one raises at once).
+
+    Main thread only, and not when SIGINT is ignored (a background job): then nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    pending: list[int] = []
+
+    def handler(signum, frame) -> None:
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
+
+
+def _stdout_gone() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 @app.command()
 def translate(
-    input: Annotated[Optional[Path], typer.Argument(help="One sentence per line; '-' or absent: standard input.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write translations here (default: stdout).")] = None,
+    input: Annotated[Optional[Path], typer.Argument(help="One sentence per line ('\\n' or '\\r\\n' ends a line); '-' or absent: standard input.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write translations here, atomically (default: stdout, streamed).")] = None,
     model_dir: Annotated[Path, typer.Option(help="Model bundle (model.json, model.safetensors, spm.model).")] = Path("artifacts/model"),
     checkpoint: Annotated[Optional[Path], typer.Option(help="Use these weights instead (a .safetensors or a ckpt_*.json).")] = None,
     beam_size: Annotated[int, typer.Option(min=1, help="1 = greedy.")] = 4,
@@ -96,39 +187,67 @@ def translate(
     max_len_a: Annotated[float, typer.Option(min=0.0)] = 1.0,
     max_len_b: Annotated[int, typer.Option(min=1)] = 50,
     max_tokens: Annotated[int, typer.Option(min=16, help="Source tokens per batch.")] = 4000,
+    long: Annotated[Literal["error", "truncate", "split"], typer.Option(
+        "--long", help="A line longer than the model accepts: split it at sentence/clause/word boundaries, "
+                       "truncate it (with a warning), or stop with an error naming it.")] = "split",
+    encoding_errors: Annotated[Literal["strict", "replace"], typer.Option(
+        "--encoding-errors", help="Invalid UTF-8: stop naming the line and byte (strict) or translate with "
+                                  "U+FFFD (replace).")] = "strict",
+    device: Annotated[str, typer.Option(help="auto (CUDA when available), cpu, cuda or cuda:N.")] = "auto",
 ) -> None:
-    """Translate sentences (one per line) with the pipeline's latest model."""
+    """Translate sentences (one per line) with the pipeline's latest model: one output line per input line.
+
+    Blank lines stay blank; characters the model does not know are left out (one warning); long
+    lines follow --long. Output is written per batch in input order. Exit status: 0, 2 (bad input,
+    model or option: one-line message, nothing written), 130 (Ctrl-C), 141 (stdout closed).
+    """
     setup_logging(logging.WARNING)
     from aiayn.checkpoint import CheckpointError
+    from aiayn.textio import InputError, read_input
+    from aiayn.tokenizer import TokenizerError
     from aiayn.translate import DecodeOptions, Translator
 
+    options = DecodeOptions(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
+                            max_len_b=max_len_b, max_tokens=max_tokens)
+    out: Optional[_Output] = None
     try:
-        if input is None or str(input) == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            lines = input.read_text(encoding="utf-8").splitlines()
-        translator = Translator.from_dir(model_dir, weights=checkpoint)
-        options = DecodeOptions(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
-                                max_len_b=max_len_b, max_tokens=max_tokens)
-        show = len(lines) >= 50 and sys.stderr.isatty()
-        if show:
-            from rich.progress import Progress
+        with contextlib.ExitStack() as stack:
+            try:
+                translator = Translator.from_dir(model_dir, weights=checkpoint, device=device)  # before any input is read
+                if input is None or str(input) == "-":
+                    data, source = sys.stdin.buffer.read(), "<stdin>"
+                else:
+                    data, source = input.read_bytes(), str(input)
+                lines = read_input(data, errors=encoding_errors, source=source)
+                prepared = translator.prepare(lines, options, long=long)
+                out = _Output(output, stack)
+            except (OSError, ValueError, InputError, TokenizerError, CheckpointError) as e:
+                typer.echo(f"aiayn translate: error: {' '.join(str(e).split())}", err=True)
+                raise typer.Exit(2) from None
+            chunks = translator.translate_prepared(prepared, options, chunk_tokens=max_tokens)
+            if len(lines) >= 50 and sys.stderr.isatty():
+                from rich.progress import Progress
 
-            with Progress(transient=True) as bar:
+                bar = stack.enter_context(Progress(transient=True))
                 task = bar.add_task("translate", total=len(lines))
-                hyps = translator.translate(lines, options, progress=lambda n: bar.advance(task, n))
+                for chunk in chunks:
+                    out.write(chunk)
+                    bar.advance(task, len(chunk))
+            else:
+                for chunk in chunks:
+                    out.write(chunk)
+    except KeyboardInterrupt:
+        if output is None:
+            done = f"{out.written if out else 0} line(s) written to stdout"
+            if out is not None and out.partial:
+                done += " (and part of the next batch)"
         else:
-            hyps = translator.translate(lines, options)
-    except (OSError, UnicodeDecodeError, ValueError, CheckpointError) as e:
-        typer.echo(f"aiayn translate: error: {e}", err=True)
-        raise typer.Exit(2) from e
-    text = "".join(h + "\n" for h in hyps)
-    if output:
-        from aiayn.io import atomic_write_text
-
-        atomic_write_text(output, text)
-    else:
-        sys.stdout.write(text)
+            done = f"nothing written to {output}"
+        typer.echo(f"aiayn translate: interrupted; {done}", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:
+        _stdout_gone()
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
 
 
 @app.command()

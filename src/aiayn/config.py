@@ -12,6 +12,7 @@ is the CPU default and says where and why it deviates.
     model:     {preset: tiny, <any ModelConfig field as override>}
     train:     TrainConfig
     evaluate:  EvalConfig
+    quantize:  QuantizeConfig
 
 Errors: ``ConfigError`` (a ``ValueError``) quoting the bad key or value.
 """
@@ -31,6 +32,8 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "EvalConfig",
+    "QuantizeConfig",
+    "QUANT_VARIANTS",
     "Params",
     "MODEL_PRESETS",
     "model_preset",
@@ -181,6 +184,50 @@ class EvalConfig(_Strict):
     max_len_a: float = Field(1.0, ge=0.0, description="Max output length = max_len_a * src_len + max_len_b (tokens).")
     max_len_b: int = Field(50, ge=1)
     max_tokens: int = Field(4000, ge=16, description="Source tokens per decoding batch.")
+    long_policy: Literal["error", "truncate", "split"] = Field(
+        "error", description="A test line longer than the model accepts: error (default: a benchmark never changes "
+                             "silently), truncate, or split (aiayn.translate).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Decoding device; auto: CUDA when available, else CPU.")
+
+
+QUANT_VARIANTS = (
+    "ct2-float32", "ct2-int8", "ct2-int16",  # CPU (CTranslate2)
+    "ct2-int8_float16", "ct2-bfloat16", "torchao-int8-weight-only", "torchao-int4-weight-only",  # CUDA only
+)  # fmt: skip
+
+
+class QuantizeConfig(_Strict):
+    """Quantized variants, their evaluation and the quality gate (``quantize`` stage).
+
+    Every variant is decoded with the ``evaluate`` block's settings on ``data.test_splits`` and
+    compared with the eager float model in the same run. CUDA-only variants are recorded as
+    ``skipped`` (with the reason) on a machine without CUDA.
+    """
+
+    variants: tuple[str, ...] = Field(QUANT_VARIANTS, description=f"Variants to build, from {QUANT_VARIANTS}.")
+    max_bleu_drop: float = Field(0.5, ge=0.0, description="Gate: a variant losing more BLEU than this on gate_split is rejected.")
+    gate_split: str = Field("test_2016_flickr", description="Test split the gate (and parity) is measured on.")
+    serving_preference: tuple[str, ...] = Field(("ct2-int8", "ct2-int16", "ct2-float32"),
+                                                description="First accepted variant here becomes the serving default.")
+    parity_min_agreement: float = Field(0.99, ge=0.0, le=1.0, description="ct2-float32 greedy lines equal to eager greedy, at least.")
+    score_check_sentences: int = Field(64, ge=1, description="Valid-split pairs for the teacher-forced CTranslate2-vs-eager score check.")
+    score_tolerance: float = Field(1e-3, gt=0.0, description="Max per-token |log-prob| difference, ct2-float32 vs eager.")
+    calibration_sentences: int = Field(256, ge=1, description="Train pairs whose activations feed the outlier report.")
+    outlier_factor: float = Field(6.0, gt=0.0, description="Outlier channel: max |activation| > factor x the layer's median.")
+    layer_attribution: bool = Field(True, description="Measure the BLEU loss of int8 weights one layer type at a time.")
+    attribution_sentences: int = Field(500, ge=1, description="gate_split sentences used by the layer attribution.")
+    throughput: bool = Field(True, description="Measure decode throughput (beam, batch 1 and 32, each thread count).")
+    throughput_batch1_sentences: int = Field(50, ge=1)
+    throughput_batch32_sentences: int = Field(200, ge=1)
+    throughput_threads: tuple[int, ...] = (1, 2)
+    num_threads: int | None = Field(None, ge=1, description="Threads for the evaluation decodes (None: torch's default).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "QuantizeConfig":
+        unknown = [v for v in (*self.variants, *self.serving_preference) if v not in QUANT_VARIANTS]
+        if unknown:
+            raise ValueError(f"unknown quantize variant(s) {unknown}; choose from {list(QUANT_VARIANTS)}")
+        return self
 
 
 class Params(_Strict):
@@ -192,6 +239,7 @@ class Params(_Strict):
     model_preset: str = "tiny"
     train: TrainConfig = TrainConfig()
     evaluate: EvalConfig = EvalConfig()
+    quantize: QuantizeConfig = QuantizeConfig()
 
     def to_flat_dict(self) -> dict[str, Any]:
         """``{"train.seed": 1, ...}``: the resolved config, flattened for tracking."""
@@ -208,7 +256,7 @@ class Params(_Strict):
 def params_from_dict(raw: dict[str, Any]) -> Params:
     """Build ``Params`` from the ``params.yaml`` mapping (``model.preset`` + overrides)."""
     raw = dict(raw or {})
-    known = {"data", "tokenize", "model", "train", "evaluate"}
+    known = {"data", "tokenize", "model", "train", "evaluate", "quantize"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown params.yaml section(s) {sorted(unknown)}; expected {sorted(known)}")

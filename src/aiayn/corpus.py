@@ -34,6 +34,7 @@ from pathlib import Path
 
 from aiayn.config import DataConfig
 from aiayn.io import atomic_write_text, sha256_file
+from aiayn.retry import is_transient
 
 __all__ = [
     "CorpusError",
@@ -168,6 +169,8 @@ def _download(url: str, dest: Path) -> None:
                 shutil.copyfileobj(resp, f)
             return
         except (urllib.error.URLError, OSError, TimeoutError) as e:
+            if not is_transient(e):  # a full disk, a permission error, HTTP 404: retrying cannot help
+                raise CorpusError(f"could not download {url} to {dest}: {e}") from e
             last = e
             if attempt < _DOWNLOAD_ATTEMPTS:
                 time.sleep(2.0 ** attempt)  # 2 s, 4 s backoff

@@ -53,6 +53,7 @@ __all__ = [
     "config_fingerprint",
     "validation_loss",
     "averaged_weights",
+    "on_grid",
 ]
 
 log = logging.getLogger("aiayn")
@@ -269,9 +270,11 @@ def train(
             ),
         )
         all_ckpts = list_checkpoints(checkpoint_dir)
-        for old in all_ckpts[: max(0, len(all_ckpts) - train_cfg.keep_checkpoints)]:
-            old.with_suffix(".safetensors").unlink(missing_ok=True)
-            old.unlink(missing_ok=True)
+        keep = set(on_grid(all_ckpts, train_cfg.checkpoint_every)[-train_cfg.keep_checkpoints:]) | {all_ckpts[-1]}
+        for old in all_ckpts:
+            if old not in keep:
+                old.with_suffix(".safetensors").unlink(missing_ok=True)
+                old.unlink(missing_ok=True)
         result.checkpoints.append(path)
 
     start = time.perf_counter()
@@ -345,11 +348,25 @@ def _checkpoint_step(json_path: Path) -> int:
     return int(json_path.stem.split("_")[1])
 
 
-def averaged_weights(checkpoint_dir: str | Path, last: int) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """Average the model weights of the ``last`` newest checkpoints (paper Section 6.1).
+def on_grid(paths: list[Path], every: int) -> list[Path]:
+    """The checkpoints among ``paths`` written on the ``every``-step grid (steps ``every, 2*every, ...``)."""
+    return [p for p in paths if _checkpoint_step(p) % every == 0]
+
+
+def averaged_weights(checkpoint_dir: str | Path, last: int, *, every: int | None = None) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Average the model weights of the ``last`` newest evenly spaced checkpoints (paper Section 6.1).
+
+    The paper averages checkpoints "written at 10-minute intervals": with ``every``
+    (``train.checkpoint_every``) only checkpoints on that step grid are averaged, so a
+    run that stopped off the grid (a signal, ``max_time_s``) averages e.g. steps
+    1000..1800 rather than 1600, 1800, 1801. When no checkpoint is on the grid (a run
+    shorter than ``every``), the newest one alone is used.
 
     Returns ``(weights, steps_averaged)``. Raises ``CheckpointError`` if there is none.
     """
-    paths = list_checkpoints(checkpoint_dir)[-last:]
+    paths = list_checkpoints(checkpoint_dir)
+    if every is not None:
+        paths = on_grid(paths, every) or paths[-1:]
+    paths = paths[-last:]
     steps = [_checkpoint_step(p) for p in paths]
     return average_checkpoints(paths), steps

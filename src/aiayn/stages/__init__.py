@@ -27,6 +27,7 @@ class Layout:
     ``tokenized`` ``spm.model``/``spm.vocab`` + encoded splits (numpy)
     ``model``     checkpoints, ``model.safetensors`` (averaged), ``model.json``
     ``eval``      hypotheses ``{split}.hyp.{tgt_lang}`` and ``scores.json`` (with signatures)
+    ``quantized`` one folder per quantized variant (``ct2-int8/``: model + ``variant.json``), reports
     ``*_metrics`` small JSON metrics files declared under DVC ``metrics:``
     """
 
@@ -66,3 +67,13 @@ class Layout:
     def eval_metrics(self) -> Path:
         """``{split: {bleu, chrf, bleu_lc_tok}}`` (DVC ``metrics``, outside the ``eval`` out)."""
         return self.root / "artifacts" / "eval_metrics.json"
+
+    @property
+    def quantized(self) -> Path:
+        """Quantized variants ``{variant}/`` (each with ``variant.json``), ``report.json``, ``outliers/``."""
+        return self.root / "artifacts" / "quantized"
+
+    @property
+    def quantize_metrics(self) -> Path:
+        """Per-variant BLEU/chrF, deltas, bytes, status, throughput (DVC ``metrics``, outside ``quantized``)."""
+        return self.root / "artifacts" / "quantize_metrics.json"

@@ -96,7 +96,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
             raise InterruptedError(
                 f"training interrupted at step {result.step}; checkpoint saved in {layout.checkpoints}, rerun to resume"
             )
-        weights, steps = averaged_weights(layout.checkpoints, cfg.average_last)
+        weights, steps = averaged_weights(layout.checkpoints, cfg.average_last, every=cfg.checkpoint_every)
         model = result.model
         model.load_state_dict(weights)
         final = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)

@@ -1,0 +1,117 @@
+"""DVC sees every code change that can change a stage's output.
+
+For each ``dvc.yaml`` stage whose ``cmd`` runs ``python -m pipelines.stage <name>``, the
+modules of ``aiayn.stages.<name>`` and everything it imports from ``aiayn`` (transitively,
+imports inside functions included: read from the source with ``ast``, not from a run) must be
+covered by a ``deps`` entry (the file, or a folder above it). The only exceptions are the
+modules in ``CANNOT_CHANGE_AN_OUTPUT``, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+
+#: Modules a stage imports that cannot change what it writes (relative to src/), with why.
+CANNOT_CHANGE_AN_OUTPUT = {
+    "aiayn/__init__.py": "package marker and version string",
+    "aiayn/tracking.py": "records runs in MLflow; writes nothing under artifacts/",
+    "aiayn/io.py": "atomic file writing: how bytes reach the disk, not which bytes",
+    "aiayn/retry.py": "which download errors are retried; a retried download is verified by SHA-256",
+    "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",
+}
+
+
+def module_file(name: str) -> Path | None:
+    """``aiayn.x.y`` -> ``src/aiayn/x/y.py`` or ``src/aiayn/x/y/__init__.py``; None if not ours."""
+    base = SRC.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_files(path: Path) -> set[Path]:
+    """``aiayn`` source files ``path`` imports directly (any import statement, at any depth)."""
+    package = ".".join(path.relative_to(SRC).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.removesuffix(".__init__")
+    else:
+        package = package.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)  # `from aiayn import x` imports module x
+    files = set()
+    for name in names:
+        if name == "aiayn" or name.startswith("aiayn."):
+            parts = name.split(".")
+            for i in range(2, len(parts) + 1):  # importing a.b.c runs a/b/__init__ too
+                if f := module_file(".".join(parts[:i])):
+                    files.add(f)
+    return files
+
+
+def closure(start: Path) -> set[Path]:
+    seen, todo = set(), [start]
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(imported_files(f) - seen)
+    return seen
+
+
+def stages() -> dict[str, dict]:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+
+
+STAGE_CMD = re.compile(r"python -m pipelines\.stage (\w+)")
+
+
+@pytest.mark.parametrize("stage", sorted(stages()))
+def test_every_module_a_stage_imports_is_a_dependency(stage):
+    spec = stages()[stage]
+    match = STAGE_CMD.fullmatch(spec["cmd"].strip())
+    assert match, f"stage {stage}: cmd {spec['cmd']!r} is not `python -m pipelines.stage <name>`"
+    entry = module_file(f"aiayn.stages.{match.group(1)}")
+    assert entry is not None, f"stage {stage}: no module aiayn.stages.{match.group(1)}"
+    deps = [str(d).rstrip("/") for d in spec.get("deps", [])]
+    missing = []
+    for f in sorted(closure(entry)):
+        rel = f.relative_to(REPO).as_posix()  # src/aiayn/...
+        if f.relative_to(SRC).as_posix() in CANNOT_CHANGE_AN_OUTPUT:
+            continue
+        if not any(rel == d or rel.startswith(d + "/") for d in deps):
+            missing.append(rel)
+    assert not missing, f"dvc.yaml stage {stage!r} imports {missing} but does not list them under deps"
+
+
+def test_the_exceptions_are_real_modules():
+    for rel in CANNOT_CHANGE_AN_OUTPUT:
+        assert (SRC / rel).is_file(), rel
+
+
+def test_closure_sees_imports_inside_functions(tmp_path):
+    """The walker is not fooled by a lazy import (a stage importing a module inside ``run``)."""
+    train = closure(module_file("aiayn.stages.train"))
+    assert SRC / "aiayn" / "config.py" in train and SRC / "aiayn" / "model" / "transformer.py" in train
+
+
+def test_dvcignore_excludes_bytecode():
+    text = (REPO / ".dvcignore").read_text(encoding="utf-8")
+    assert "__pycache__" in text and "*.pyc" in text
