@@ -1,0 +1,83 @@
+"""Training throughput with 0, 1 and 2 busy neighbour processes, per OpenMP wait policy.
+
+Each cell is a fresh process (the OpenMP runtime reads its wait policy once, at load) running
+``--steps`` real ``tiny`` training steps (the first Multi30k batches of ``artifacts/tokenized``,
+``max_tokens`` 2048, 2 threads); neighbours are ``python -c "while True: pass"``. Rounds alternate
+the policy order; the table gives median target tokens/s, min-max, and the ratio to the idle
+median of the default policy.
+
+    python benchmarks/contention.py [--steps 20] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+STEP_RATE = r'''
+import sys, time, torch
+from aiayn.batching import collate, make_batches
+from aiayn.config import model_preset
+from aiayn.model import Transformer
+from aiayn.tokenizer import load_encoded
+from aiayn.train import label_smoothed_cross_entropy
+steps = int(sys.argv[1]); torch.set_num_threads(2)
+split = load_encoded("artifacts/tokenized", "train")
+order = make_batches(split.src_lengths, split.tgt_lengths, 2048, data_seed=1, epoch=1)
+batches = [collate(split, i) for i in order[: steps + 3]]
+torch.manual_seed(0); m = Transformer(model_preset("tiny", vocab_size=8000)); m.train()
+opt = torch.optim.Adam(m.parameters(), lr=1e-4)
+def run(bs):
+    tok, t0 = 0, time.perf_counter()
+    for b in bs:
+        opt.zero_grad(set_to_none=True)
+        loss, _, n = label_smoothed_cross_entropy(m(b.src, b.tgt_in), b.tgt_out, label_smoothing=0.1)
+        (loss / n).backward(); opt.step(); tok += b.n_tgt_tokens
+    return tok / (time.perf_counter() - t0)
+run(batches[:3]); print(run(batches[3:]))
+'''
+POLICIES = {"default (spin)": "ACTIVE_UNSET", "PASSIVE (aiayn default)": "PASSIVE"}
+
+
+def cell(policy: str, steps: int) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy != "ACTIVE_UNSET":
+        env["OMP_WAIT_POLICY"] = policy
+    # torch is imported before aiayn inside STEP_RATE, so aiayn's own default does not apply
+    code = "import torch\n" + STEP_RATE
+    out = subprocess.run([sys.executable, "-c", code, str(steps)], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    rates: dict[tuple[int, str], list[float]] = {}
+    for neighbours in (0, 1, 2):
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(neighbours)]
+        try:
+            time.sleep(1)
+            for r in range(args.rounds):
+                for name in (list(POLICIES) if r % 2 == 0 else list(POLICIES)[::-1]):
+                    rates.setdefault((neighbours, name), []).append(cell(POLICIES[name], args.steps))
+        finally:
+            for p in procs:
+                p.kill()
+    idle = statistics.median(rates[(0, "default (spin)")])
+    print(f"{args.steps} steps x {args.rounds} rounds, tiny, 2 threads, {os.cpu_count()} CPUs")
+    print()
+    print("| neighbours | policy | target tok/s (median) | min-max | vs idle default |")
+    print("|---|---|---:|---|---:|")
+    for (n, name), v in rates.items():
+        med = statistics.median(v)
+        print(f"| {n} | {name} | {med:.0f} | {min(v):.0f}-{max(v):.0f} | {med / idle:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
