@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aiayn.stages import STAGES
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
@@ -76,7 +78,7 @@ def test_committed_data_dvc_matches_the_fetched_corpus(project):
 def test_repro_runs_every_stage_and_metrics_show_bleu_per_test_set(project):
     root, env = project["root"], project["env"]
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"prepare", "tokenize", "train", "evaluate"}
+    assert set(lock["stages"]) == set(STAGES)
     shown = json.loads(sh(str(BIN / "dvc"), "metrics", "show", "--json", cwd=root, env=env).stdout)
     metrics = shown[""]["data"]["artifacts/eval_metrics.json"]["data"]
     for split in TEST_SETS:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from aiayn import tracking
+from aiayn.stages import STAGES
 from aiayn.tracking import STATE_FILE, Tracker, dvc_data_hashes, end_pipeline_run, git_commit, resolve_tracking_uri
 
 mlflow = pytest.importorskip("mlflow")
@@ -139,15 +140,20 @@ def test_train_then_evaluate_share_one_parent(tmp_path: Path, store, client: Mlf
         e.log_metrics({"bleu": 31.5}, step=0, parent=True)
         eval_id = e.run_id
         assert e.parent_run_id == parent_id
+    assert STAGES.index("evaluate") < len(STAGES) - 1  # quantize follows evaluate
+    assert client.get_run(parent_id).info.status == "RUNNING"  # evaluate is not the last stage
+    with _tracker(STAGES[-1], tmp_path, store) as last:
+        assert last.parent_run_id == parent_id
+        last_id = last.run_id
 
     children = client.search_runs(
         [client.get_run(parent_id).info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'"
     )
-    assert {r.info.run_id for r in children} == {train_id, eval_id}
-    assert {r.data.tags["aiayn.stage"] for r in children} == {"train", "evaluate"}
+    assert {r.info.run_id for r in children} == {train_id, eval_id, last_id}
+    assert {r.data.tags["aiayn.stage"] for r in children} == {"train", "evaluate", STAGES[-1]}
     assert all(r.info.status == "FINISHED" for r in children)
     parent = client.get_run(parent_id)
-    assert parent.info.status == "FINISHED"  # evaluate (last stage) ends the pipeline run
+    assert parent.info.status == "FINISHED"  # the last stage (quantize) ends the pipeline run
     assert parent.data.metrics["bleu"] == 31.5
     assert not (tmp_path / STATE_FILE).exists()
 

@@ -24,9 +24,9 @@ Which pipeline run a stage joins (the parent rule)
    no child for this stage yet. Else a fresh parent is started, and a recorded
    parent that is still running is ended as superseded (``FAILED`` if one of
    its stages failed or died, else ``FINISHED``). So
-   ``prepare -> tokenize -> train -> evaluate`` share one parent, and running a
+   ``prepare -> tokenize -> train -> evaluate -> quantize`` share one parent, and running a
    stage a second time starts a new pipeline run.
-3. The last stage of the pipeline (``aiayn.stages.STAGES[-1]``, ``evaluate``
+3. The last stage of the pipeline (``aiayn.stages.STAGES[-1]``, ``quantize``
    today; override with ``end_pipeline=``) ends the parent with its own status
    and deletes the state file. ``end_pipeline_run()`` ends it explicitly.
 

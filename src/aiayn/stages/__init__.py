@@ -15,7 +15,7 @@ from pathlib import Path
 __all__ = ["Layout", "STAGES"]
 
 #: Pipeline order (DVC DAG).
-STAGES = ("prepare", "tokenize", "train", "evaluate")
+STAGES = ("prepare", "tokenize", "train", "evaluate", "quantize")
 
 
 @dataclass(frozen=True)

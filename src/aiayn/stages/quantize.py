@@ -103,6 +103,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     eager_scores = {s: _bleu_chrf(tokenizer, eager_out[s], tests[s][1]) for s in tests}
     metrics[EAGER] = {s: v for s, v in eager_scores.items()} | {"bytes": (layout.model / "model.safetensors").stat().st_size}
     log.info("eager float: %s [%.1f s]", eager_scores, timings[EAGER])
+    report["eager_vs_evaluate"] = _against_evaluate(layout.eval_metrics, eager_scores)
 
     wanted = list(q.variants)
     if any(VARIANTS[v].library == "ctranslate2" for v in wanted) and "ct2-float32" not in wanted:
@@ -222,6 +223,30 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         tracker.log_artifact(layout.quantize_metrics, artifact_path="quantize")
     return {n: {"status": r["status"]} | ({"bleu_delta": r["scores"][q.gate_split]["bleu_delta"]} if "scores" in r else {})
             for n, r in report["variants"].items()} | {"serving_default": serving}
+
+
+def _against_evaluate(path: Path, eager_scores: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The eager reference decoded here vs. the ``evaluate`` stage's scores (``artifacts/eval_metrics.json``):
+    the same model and decoding options must give the same BLEU/chrF, so every delta in this stage is
+    measured from the numbers users see. A difference is logged as a warning and recorded, not raised
+    (batch composition may differ from evaluate's, which can flip a near-tie)."""
+    if not path.is_file():
+        return {"checked": False, "reason": f"{path.name} not found (run the evaluate stage first)"}
+    import json
+
+    theirs = json.loads(path.read_text(encoding="utf-8"))
+    out: dict[str, Any] = {"checked": True, "splits": {}}
+    for split, ours in eager_scores.items():
+        ev = theirs.get(split)
+        if ev is None:
+            out["splits"][split] = {"evaluate": None, "quantize": ours}
+            continue
+        same = all(abs(float(ev[k]) - ours[k]) < 1e-3 for k in ("bleu", "chrf"))
+        out["splits"][split] = {"evaluate": {k: ev[k] for k in ("bleu", "chrf")}, "quantize": ours, "equal": same}
+        if not same:
+            log.warning("eager reference differs from the evaluate stage on %s: %s vs %s", split, ours, ev)
+    out["equal"] = all(v.get("equal", False) for v in out["splits"].values())
+    return out
 
 
 def _score_check(params: Params, layout: Layout, model, tokenizer, tr: CT2Translator) -> dict[str, Any]:

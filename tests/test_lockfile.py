@@ -1,0 +1,79 @@
+"""requirements.lock is closed: `make install` (pip --no-deps) installs everything every locked
+package needs, on every Python the project accepts (``requires-python``: any 3.11.x).
+
+A dependency that only applies to some interpreters (a marker such as
+``python_full_version < "3.11.3"``) is invisible on the interpreter the lock was frozen on:
+redis needs ``async-timeout`` on Debian 12's Python 3.11.2 but not on 3.11.7, and a fresh
+``make run`` on Debian's Python failed at import. This test evaluates every installed locked
+package's requirements under several 3.11 micro versions and fails on one the lock misses.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import re
+from pathlib import Path
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Python versions `requires-python` admits that differ in markers seen in practice.
+PYTHONS = ("3.11.0", "3.11.2", "3.11.7", "3.11.14")
+
+#: Requirements the CPU build of torch declares for its CUDA wheels; the CPU wheel never loads them.
+NOT_NEEDED = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
+
+
+def makefile_pins() -> dict[str, str | None]:
+    """Packages `make install` pins itself before the lock (``pip install ... pip==X setuptools==Y``)."""
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    return {canonicalize_name(n): None for n in re.findall(r"\b(pip|setuptools)==[0-9.]+", text)}
+
+
+def locked() -> dict[str, str | None]:
+    """``{canonical name: marker or None}`` of every line of requirements.lock, plus the Makefile's pins."""
+    out: dict[str, str | None] = makefile_pins()
+    for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            req = Requirement(line)
+            out[canonicalize_name(req.name)] = str(req.marker) if req.marker else None
+    return out
+
+
+def test_makefile_pins_pip_and_setuptools() -> None:
+    assert set(makefile_pins()) == {"pip", "setuptools"}
+
+
+def test_lock_lines_are_exact_pins() -> None:
+    for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            spec = str(Requirement(line).specifier)
+            assert spec.startswith("==") and "," not in spec, f"not an exact pin: {line}"
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_lock_is_closed_on_every_python_311(python: str) -> None:
+    lock = locked()
+    env = default_environment() | {"python_full_version": python, "python_version": python.rsplit(".", 1)[0]}
+    missing = []
+    for name in lock:
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue  # a marker-only line not installed on this interpreter
+        for raw in requires:
+            req = Requirement(raw)
+            dep = canonicalize_name(req.name)
+            if NOT_NEEDED.match(dep):
+                continue
+            if req.marker is not None and not req.marker.evaluate(env | {"extra": ""}):
+                continue  # an optional extra, or a marker false on this Python
+            if dep not in lock:
+                missing.append(f"{name} needs {raw!r}")
+    assert not missing, f"requirements.lock lacks, on Python {python}: {missing}"
