@@ -11,6 +11,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PYTHONUNBUFFERED := 1
 PYTEST_ARGS ?=
+## PyTorch's CPU wheels (requirements.lock pins torch==X+cpu). PyPI's plain torch is the CUDA build,
+## which --no-deps would leave without its CUDA libraries ("libcudnn.so.9: cannot open shared object").
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: install run test test-fast test-services ui clean
 
@@ -18,8 +21,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==26.3 setuptools==84.2.1
+	$(PY) -m pip install -q --no-compile --no-deps --extra-index-url $(TORCH_INDEX) "$$(grep -o '^torch==[^ ]*' requirements.lock)"
 	$(PY) -m pip install -q --no-compile --no-deps -r requirements.lock
 	$(PY) -m pip install -q --no-compile --no-deps -e .
+	$(PY) -c "import torch, ctranslate2, aiayn" || { echo "the installed packages do not import (see above)"; exit 1; }
 	touch $@
 
 install: $(VENV)/.installed

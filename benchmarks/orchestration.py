@@ -15,9 +15,17 @@ the corpus copied from the mirror once. Four measurements, all in the same run:
    without a server every such process starts its own temporary API.
 4. **No-op ``dvc repro``** (outputs committed, nothing changed): through the ``dvc`` CLI
    and through the Python API the ``pipeline`` flow uses.
+5. **Training inside the main job** (``--train-in-pipeline STEPS``, alone): on a second scratch
+   project with the main job's params (``--train-params``, default ``params.yaml``; ``max_steps``
+   = STEPS, evaluation cut to a few sentences), alternating rounds of ``aiayn train`` alone and
+   ``python -m pipelines.pipeline`` (the ``make run`` process tree: pipeline flow, ``dvc repro``,
+   the stage's flow process and Prefect's temporary API) with the model and checkpoints deleted
+   before each. Both train the same steps on the same batches; the table compares the training
+   loop's own tokens/s (``train_tokens_per_s`` in MLflow) and the train stage's wall time.
 
     python benchmarks/orchestration.py [--server http://127.0.0.1:4200/api] [--rounds 3]
         [--stages prepare,tokenize,train,evaluate] [--subprocess] [--params configs/smoke.yaml]
+    python benchmarks/orchestration.py --train-in-pipeline 200 --rounds 3
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("prepare", "tokenize", "train", "evaluate")
+from aiayn.stages import STAGES  # noqa: E402  (the pipeline's stages, in DAG order)
+
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -175,6 +184,56 @@ def bench_noop_repro(root: Path) -> tuple[float, float]:
     return cli_s, _timed(api_repro)
 
 
+def _train_tokens_per_s(root: Path) -> tuple[float, float]:
+    """(tokens/s, train seconds) of the newest ``train`` run in ``root``'s MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    run = client.search_runs(exps, "tags.`aiayn.stage` = 'train'", order_by=["attributes.start_time DESC"], max_results=1)[0]
+    return run.data.metrics["train_tokens_per_s"], run.data.metrics["train_seconds"]
+
+
+def bench_train_in_pipeline(work: Path, params_path: str, steps: int, rounds: int, mirror: str) -> str:
+    """Markdown table: the train stage alone (``aiayn train``) vs inside ``python -m pipelines.pipeline``."""
+    import yaml
+
+    from pipelines.scratch import scratch_project
+
+    raw = yaml.safe_load(Path(params_path).read_text(encoding="utf-8"))
+    raw.setdefault("train", {})["max_steps"] = steps
+    raw.setdefault("data", {})["max_eval_pairs"] = 16  # evaluation is not what is measured
+    raw["quantize"] = {"variants": ["ct2-float32"], "layer_attribution": False, "throughput": False,
+                       "score_check_sentences": 8, "calibration_sentences": 16}
+    (work / "train-params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with contextlib.redirect_stdout(sys.stderr):
+        root = scratch_project(work / "main-job", work / "train-params.yaml")
+    env = dict(os.environ)
+    run = lambda cmd: subprocess.run(cmd, env=env, cwd=root, check=True,  # noqa: E731
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pipeline = [sys.executable, "-m", "pipelines.pipeline", "--root", str(root), "--no-push", "--mirror", mirror]
+    run(pipeline)  # fetch, prepare, tokenize once (and a first train, not counted)
+    rows: dict[str, list[tuple[float, float, float]]] = {"alone": [], "pipeline": []}
+    for r in range(rounds):
+        pair = [("alone", [str(VENV_BIN / "aiayn"), "train", "--root", str(root)]), ("pipeline", pipeline)]
+        for name, cmd in pair if r % 2 == 0 else pair[::-1]:
+            for out in ("model", "checkpoints"):
+                shutil.rmtree(root / "artifacts" / out, ignore_errors=True)
+            wall = _timed(lambda c=cmd: run(c))
+            tps, secs = _train_tokens_per_s(root)
+            rows[name].append((tps, secs, wall))
+            print(f"round {r} train {name:9s} {tps:8.0f} tok/s  loop {secs:7.1f} s  process {wall:7.1f} s", file=sys.stderr)
+    ratios = [p[0] / a[0] for a, p in zip(rows["alone"], rows["pipeline"])]
+    med = {k: statistics.median(v[0] for v in rows[k]) for k in rows}
+    lines = [f"### Training inside the main job: `aiayn train` alone vs inside `python -m pipelines.pipeline` "
+             f"({steps} steps of `{Path(params_path).name}`, {rounds} alternating rounds)", "",
+             "| round | alone tok/s | in pipeline tok/s | in pipeline / alone |", "|---:|---:|---:|---:|"]
+    lines += [f"| {i + 1} | {a[0]:.0f} | {p[0]:.0f} | {q:.3f} |" for i, (a, p, q) in enumerate(zip(rows["alone"], rows["pipeline"], ratios))]
+    lines += ["", f"Median {med['pipeline']:.0f} / {med['alone']:.0f} tok/s; ratio median {statistics.median(ratios):.3f} "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f})."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the markdown tables on stdout (progress on stderr)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -187,7 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subprocess-stages", default="prepare,tokenize,evaluate",
                     help="stages for --subprocess (the per-process cost does not depend on the stage)")
     ap.add_argument("--mirror", default=os.environ.get("AIAYN_DATA_MIRROR", str(REPO.parent / "shared" / "data" / "multi30k")))
+    ap.add_argument("--train-in-pipeline", type=int, default=0, metavar="STEPS",
+                    help="only: train STEPS steps alone vs inside the pipeline flow (measurement 5)")
+    ap.add_argument("--train-params", default=str(REPO / "params.yaml"), help="params for --train-in-pipeline (the main job)")
     args = ap.parse_args(argv)
+    if args.train_in_pipeline:
+        work = Path(tempfile.mkdtemp(prefix="aiayn-bench-orch-"))
+        _setup_env(args.mirror, work)
+        try:
+            print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; Python {platform.python_version()}.\n")
+            print(bench_train_in_pipeline(work, args.train_params, args.train_in_pipeline, args.rounds, args.mirror))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     stages = [s for s in args.stages.split(",") if s]
     sub_stages = [s for s in args.subprocess_stages.split(",") if s]
     if unknown := [s for s in stages + sub_stages if s not in STAGES]:

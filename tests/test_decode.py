@@ -21,6 +21,7 @@ from aiayn.decode import (
     max_output_lengths,
 )
 from aiayn.model import Transformer
+from model_wrappers import LogitBias
 
 VOCAB = 40
 
@@ -53,26 +54,6 @@ def padded_batch(lengths: list[int], seed: int) -> torch.Tensor:
     for b, n in enumerate(lengths):
         src[b, :n] = torch.randint(4, VOCAB, (n,), generator=gen)
     return src
-
-
-class Recorder:
-    """Wraps a model: records the batch size of every decode call; optional logit bias on EOS."""
-
-    def __init__(self, inner, eos_bias: float = 0.0):
-        self.inner, self.eos_bias, self.batch_sizes = inner, eos_bias, []
-        self.max_positions = inner.max_positions
-
-    def encode(self, src):
-        return self.inner.encode(src)
-
-    def new_kv_cache(self, batch_size, max_len):
-        return self.inner.new_kv_cache(batch_size, max_len)
-
-    def decode(self, tgt_in, memory, src_pad_mask, *, kv_cache=None):
-        self.batch_sizes.append(tgt_in.shape[0])
-        logits = self.inner.decode(tgt_in, memory, src_pad_mask, kv_cache=kv_cache).clone()
-        logits[..., EOS_ID] += self.eos_bias
-        return logits
 
 
 # ---------------------------------------------------------------- reference implementations
@@ -178,7 +159,7 @@ def test_beam_size_one_is_greedy(model):
 
 def test_outputs_respect_max_len_when_eos_never_wins(model):
     src = padded_batch([2, 7], seed=6)
-    never_eos = Recorder(model, eos_bias=-1e4)
+    never_eos = LogitBias(model, {EOS_ID: -1e4})
     assert [len(t) for t in greedy_decode(never_eos, src, max_len_a=0.5, max_len_b=3)] == [4, 6]
     assert [len(t) for t in beam_search(never_eos, src, beam_size=2, max_len_a=0.5, max_len_b=3)] == [4, 6]
 
@@ -187,12 +168,12 @@ def test_finished_sentences_leave_the_batch(model):
     """Short (1 token, max_len 3) + long (20 tokens, max_len 22) source; EOS only when forced."""
     src = padded_batch([1, 20], seed=7)
     K = 3
-    rec = Recorder(model, eos_bias=-1e4)
+    rec = LogitBias(model, {EOS_ID: -1e4})
     out = beam_search(rec, src, beam_size=K, max_len_a=1.0, max_len_b=2)
     assert [len(t) for t in out] == [3, 22]
     # step 0: one row per sentence; steps 1-3: both sentences x K beams; steps 4-22: the long one only.
     assert rec.batch_sizes == [2] + [2 * K] * 3 + [K] * 19
-    rec = Recorder(model, eos_bias=-1e4)
+    rec = LogitBias(model, {EOS_ID: -1e4})
     out = greedy_decode(rec, src, max_len_a=1.0, max_len_b=2)
     assert [len(t) for t in out] == [3, 22]
     assert rec.batch_sizes == [2] * 4 + [1] * 19

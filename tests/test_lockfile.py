@@ -77,3 +77,15 @@ def test_lock_is_closed_on_every_python_311(python: str) -> None:
             if dep not in lock:
                 missing.append(f"{name} needs {raw!r}")
     assert not missing, f"requirements.lock lacks, on Python {python}: {missing}"
+
+
+def test_torch_is_the_cpu_build_from_its_index() -> None:
+    """PyPI's ``torch`` is the CUDA build; installed with ``--no-deps`` it fails at import for lack of its
+    CUDA libraries. The lock pins the ``+cpu`` build and ``make install`` passes PyTorch's CPU index."""
+    pins = {Requirement(line.split(" #", 1)[0]).name: line for line in
+            (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines() if line.startswith("torch==")}
+    assert "+cpu" in pins["torch"], pins
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert "TORCH_INDEX ?= https://download.pytorch.org/whl/cpu" in makefile
+    # torch alone from that index (an unreachable extra index would slow every other package's lookup)
+    assert """--extra-index-url $(TORCH_INDEX) "$$(grep -o '^torch==[^ ]*' requirements.lock)\"""" in makefile

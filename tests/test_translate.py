@@ -33,6 +33,7 @@ from aiayn.model import Transformer
 from aiayn.textio import InputError, clean_line, read_input, split_lines, split_long
 from aiayn.tokenizer import Tokenizer, train_tokenizer
 from aiayn.translate import DecodeOptions, Translator
+from model_wrappers import LogitBias
 
 REPO = Path(__file__).resolve().parents[1]
 GREEDY = DecodeOptions(beam_size=1, max_len_b=5)
@@ -156,29 +157,9 @@ def test_cli_line_breakers_stay_inside_lines(bundle):
 # --------------------------------------------------------------------------- 3. unknown input / output
 
 
-class FavourUnk(torch.nn.Module):
-    """Wraps a model: UNK's logit gets +1e4 at every step (it would win every argmax and beam slot)."""
-
-    def __init__(self, inner: Transformer) -> None:
-        super().__init__()
-        self.inner = inner
-        self.max_positions = inner.max_positions
-
-    def encode(self, src):
-        return self.inner.encode(src)
-
-    def new_kv_cache(self, batch_size, max_len):
-        return self.inner.new_kv_cache(batch_size, max_len)
-
-    def decode(self, tgt_in, memory, src_pad_mask, *, kv_cache=None):
-        logits = self.inner.decode(tgt_in, memory, src_pad_mask, kv_cache=kv_cache).clone()
-        logits[..., UNK_ID] += 1e4
-        return logits
-
-
 @pytest.mark.parametrize("decoder", ["greedy", "beam"])
 def test_unk_is_never_generated(translator, decoder):
-    favour = FavourUnk(translator.model)
+    favour = LogitBias(translator.model, {UNK_ID: 1e4})  # UNK would win every slot
     src = torch.tensor([[10, 11, 12, EOS_ID], [20, 21, EOS_ID, 0]])
     if decoder == "greedy":
         out = greedy_decode(favour, src, max_len_b=4)
