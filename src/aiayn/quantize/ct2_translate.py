@@ -9,9 +9,6 @@ How each rule of ``aiayn.decode`` is reproduced with CTranslate2 4.8:
   own cap: exact for greedy (a row's greedy prefix never depends on the others). For beam search a
   sentence whose search ran past its own cap (an n-best hypothesis longer than the cap, or none
   ending in EOS) is decoded again alone with its own cap (rare: only looping outputs reach it).
-  At the cap ``aiayn.decode`` allows only EOS, so a hypothesis still open there finishes with EOS's
-  log-prob added; CTranslate2 stops without it. Such hypotheses are re-scored teacher-forced with
-  EOS appended (``score_ids``), which gives them exactly the score our beam search assigns.
 - Min length 1, PAD, BOS and UNK never generated (``aiayn.decode``'s rule): ``min_decoding_length=1``
   (EOS disabled at step 0) and ``suppress_sequences=[[<pad>], [<s>], [<unk>]]``.
 - Beam search with the GNMT length penalty (``((5 + |Y|) / 6) ** alpha``): CTranslate2's
@@ -123,15 +120,6 @@ class CT2Translator:
             out.append(_Hyp(ids, float(score) * len(toks), ended))  # undo score / |Y| ** 1
         return out
 
-    def _close_at_cap(self, src: np.ndarray, hyps: list[_Hyp]) -> list[_Hyp]:
-        """Hypotheses cut by the step limit, finished as ``aiayn.decode`` does: EOS forced at the cap,
-        its log-prob included (teacher-forced score of ``tokens + [EOS]``)."""
-        open_ = [h for h in hyps if not h.ended]
-        if not open_:
-            return hyps
-        scores = iter(self.score_ids([src] * len(open_), [h.tokens for h in open_]))
-        return [h if h.ended else _Hyp(h.tokens, float(next(scores).sum()), True) for h in hyps]
-
     def _best(self, hyps: list[_Hyp], cap: int, alpha: float) -> list[int]:
         def gnmt(h: _Hyp) -> float:
             n = min(len(h.tokens), cap)
@@ -160,7 +148,6 @@ class CT2Translator:
                 hyps = self._hyps(res)
                 if any(len(h.tokens) > cap for h in hyps) or not any(h.ended for h in hyps):
                     hyps = self._hyps(self._run([src], cap, beam)[0])  # its own cap, alone
-                    hyps = self._close_at_cap(src, hyps)
                 results[i] = self._best(hyps, cap, options.len_penalty)
         return results
 
