@@ -17,28 +17,23 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 STEP_RATE = r'''
-import sys, time, torch
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from train_throughput import run_steps
 from aiayn.batching import collate, make_batches
 from aiayn.config import model_preset
 from aiayn.model import Transformer
 from aiayn.tokenizer import load_encoded
-from aiayn.train import label_smoothed_cross_entropy
 steps = int(sys.argv[1]); torch.set_num_threads(2)
 split = load_encoded("artifacts/tokenized", "train")
 order = make_batches(split.src_lengths, split.tgt_lengths, 2048, data_seed=1, epoch=1)
 batches = [collate(split, i) for i in order[: steps + 3]]
-torch.manual_seed(0); m = Transformer(model_preset("tiny", vocab_size=8000)); m.train()
+torch.manual_seed(0); m = Transformer(model_preset("tiny", vocab_size=8000))
 opt = torch.optim.Adam(m.parameters(), lr=1e-4)
-def run(bs):
-    tok, t0 = 0, time.perf_counter()
-    for b in bs:
-        opt.zero_grad(set_to_none=True)
-        loss, _, n = label_smoothed_cross_entropy(m(b.src, b.tgt_in), b.tgt_out, label_smoothing=0.1)
-        (loss / n).backward(); opt.step(); tok += b.n_tgt_tokens
-    return tok / (time.perf_counter() - t0)
-run(batches[:3]); print(run(batches[3:]))
+run_steps(m, batches[:3], opt); seconds, tokens = run_steps(m, batches[3:], opt); print(tokens / seconds)
 '''
 POLICIES = {"default (spin)": "ACTIVE_UNSET", "PASSIVE (aiayn default)": "PASSIVE"}
 
@@ -49,7 +44,8 @@ def cell(policy: str, steps: int) -> float:
         env["OMP_WAIT_POLICY"] = policy
     # torch is imported before aiayn inside STEP_RATE, so aiayn's own default does not apply
     code = "import torch\n" + STEP_RATE
-    out = subprocess.run([sys.executable, "-c", code, str(steps)], env=env, capture_output=True, text=True, check=True)
+    here = str(Path(__file__).resolve().parent)  # benchmarks/, for train_throughput.run_steps
+    out = subprocess.run([sys.executable, "-c", code, str(steps), here], env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 

@@ -45,9 +45,9 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-from aiayn.stages import STAGES  # noqa: E402  (the pipeline's stages, in DAG order)
+from aiayn.stages import STAGES  # the pipeline's stages, in DAG order
 
+REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -24,7 +24,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +32,8 @@ from aiayn.batching import collate, make_batches
 from aiayn.config import load_params
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer, load_encoded
-from aiayn.train import label_smoothed_cross_entropy, train
+from aiayn.train import train
+from train_throughput import run_steps  # benchmarks/ is on sys.path when run as a script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,16 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     def model_step() -> float:
         torch.manual_seed(tc.seed)
         m = Transformer(cfg)
-        m.train()
         opt = torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        tokens, t0 = 0, time.perf_counter()
-        for b in batches:
-            opt.zero_grad(set_to_none=True)
-            loss, _, n = label_smoothed_cross_entropy(m(b.src, b.tgt_in), b.tgt_out, label_smoothing=tc.label_smoothing)
-            (loss / n).backward()
-            opt.step()
-            tokens += b.n_tgt_tokens
-        return tokens / (time.perf_counter() - t0)
+        seconds, tokens = run_steps(m, batches, opt, label_smoothing=tc.label_smoothing)
+        return tokens / seconds
 
     def loop() -> float:
         with tempfile.TemporaryDirectory() as d:

@@ -79,13 +79,15 @@ def synthetic_multi30k(n: int, vocab: int, seed: int = 0) -> EncodedSplit:
     return EncodedSplit(src_ids=s, src_offsets=so, tgt_ids=t, tgt_offsets=to)
 
 
-def run_steps(model: nn.Module, batches: list, opt: torch.optim.Optimizer) -> tuple[float, int]:
+def run_steps(model: nn.Module, batches: list, opt: torch.optim.Optimizer, *, label_smoothing: float = 0.1) -> tuple[float, int]:
+    """The bare training step over pre-collated ``batches`` (forward, label-smoothed loss, backward,
+    optimizer step): ``(seconds, target tokens)``. Shared by the benchmarks that time the model alone."""
     model.train()
     tokens = 0
     t0 = time.perf_counter()
     for b in batches:
         opt.zero_grad(set_to_none=True)
-        loss, _, n = label_smoothed_cross_entropy(model(b.src, b.tgt_in), b.tgt_out, label_smoothing=0.1)
+        loss, _, n = label_smoothed_cross_entropy(model(b.src, b.tgt_in), b.tgt_out, label_smoothing=label_smoothing)
         (loss / n).backward()
         opt.step()
         tokens += b.n_tgt_tokens

@@ -69,6 +69,7 @@ def untrained_scores(root: Path, split: str) -> dict:
     import torch
 
     from aiayn.config import load_params
+    from aiayn.corpus import read_lines
     from aiayn.model import Transformer
     from aiayn.scoring import score
     from aiayn.translate import DecodeOptions, Translator
@@ -78,8 +79,8 @@ def untrained_scores(root: Path, split: str) -> dict:
     torch.manual_seed(12345)
     blank = Translator(Transformer(trained.model.cfg).eval(), trained.tokenizer)
     e = params.evaluate
-    src = (root / "artifacts" / "prepared" / f"{split}.{params.data.src_lang}").read_text(encoding="utf-8").splitlines()
-    ref = (root / "artifacts" / "prepared" / f"{split}.{params.data.tgt_lang}").read_text(encoding="utf-8").splitlines()
+    src = read_lines(root / "artifacts" / "prepared" / f"{split}.{params.data.src_lang}")
+    ref = read_lines(root / "artifacts" / "prepared" / f"{split}.{params.data.tgt_lang}")
     hyps = blank.translate(src, DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty,
                                               max_len_a=e.max_len_a, max_len_b=e.max_len_b))
     return {k: float(v) for k, v in score(hyps, ref).items() if k in ("bleu", "chrf")}

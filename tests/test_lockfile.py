@@ -28,33 +28,35 @@ PYTHONS = ("3.11.0", "3.11.2", "3.11.7", "3.11.14")
 NOT_NEEDED = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
 
 
-def makefile_pins() -> dict[str, str | None]:
+def makefile_pins() -> set[str]:
     """Packages `make install` pins itself before the lock (``pip install ... pip==X setuptools==Y``)."""
     text = (REPO / "Makefile").read_text(encoding="utf-8")
-    return {canonicalize_name(n): None for n in re.findall(r"\b(pip|setuptools)==[0-9.]+", text)}
+    return {canonicalize_name(n) for n in re.findall(r"\b(pip|setuptools)==[0-9.]+", text)}
 
 
-def locked() -> dict[str, str | None]:
-    """``{canonical name: marker or None}`` of every line of requirements.lock, plus the Makefile's pins."""
-    out: dict[str, str | None] = makefile_pins()
+def lock_requirements() -> list[Requirement]:
+    """Every requirement line of requirements.lock (comments stripped)."""
+    reqs = []
     for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
         line = line.split(" #", 1)[0].strip()
         if line and not line.startswith("#"):
-            req = Requirement(line)
-            out[canonicalize_name(req.name)] = str(req.marker) if req.marker else None
-    return out
+            reqs.append(Requirement(line))
+    return reqs
+
+
+def locked() -> set[str]:
+    """Canonical names of every locked package, plus the Makefile's own pins."""
+    return makefile_pins() | {canonicalize_name(r.name) for r in lock_requirements()}
 
 
 def test_makefile_pins_pip_and_setuptools() -> None:
-    assert set(makefile_pins()) == {"pip", "setuptools"}
+    assert makefile_pins() == {"pip", "setuptools"}
 
 
 def test_lock_lines_are_exact_pins() -> None:
-    for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
-        line = line.split(" #", 1)[0].strip()
-        if line and not line.startswith("#"):
-            spec = str(Requirement(line).specifier)
-            assert spec.startswith("==") and "," not in spec, f"not an exact pin: {line}"
+    for req in lock_requirements():
+        spec = str(req.specifier)
+        assert spec.startswith("==") and "," not in spec, f"not an exact pin: {req}"
 
 
 @pytest.mark.parametrize("python", PYTHONS)
@@ -82,9 +84,8 @@ def test_lock_is_closed_on_every_python_311(python: str) -> None:
 def test_torch_is_the_cpu_build_from_its_index() -> None:
     """PyPI's ``torch`` is the CUDA build; installed with ``--no-deps`` it fails at import for lack of its
     CUDA libraries. The lock pins the ``+cpu`` build and ``make install`` passes PyTorch's CPU index."""
-    pins = {Requirement(line.split(" #", 1)[0]).name: line for line in
-            (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines() if line.startswith("torch==")}
-    assert "+cpu" in pins["torch"], pins
+    torch = next(r for r in lock_requirements() if r.name == "torch")
+    assert str(torch.specifier).endswith("+cpu"), torch
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert "TORCH_INDEX ?= https://download.pytorch.org/whl/cpu" in makefile
     # torch alone from that index (an unreachable extra index would slow every other package's lookup)
