@@ -58,6 +58,7 @@ __all__ = [
     "train",
     "evaluate",
     "quantize",
+    "export",
     "STAGE_FLOWS",
 ]
 
@@ -224,6 +225,12 @@ def quantize(params_path: str = "params.yaml", root: str = ".") -> dict:
     return _run("quantize", params_path, root)
 
 
+@flow(name="export", log_prints=True)
+def export(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Build the serving bundle (``artifacts/export``) and register it in the MLflow Model Registry."""
+    return _run("export", params_path, root)
+
+
 #: Stage name -> its flow, in pipeline order (``fetch`` comes before the DVC DAG).
 STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "fetch": fetch,
@@ -232,4 +239,5 @@ STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "train": train,
     "evaluate": evaluate,
     "quantize": quantize,
+    "export": export,
 }

@@ -137,15 +137,35 @@ def test_train_stage_twice_gives_the_same_output_hash(project):
     assert lock_out_md5(root, "train", "artifacts/model") == first
 
 
+def test_evaluate_quantize_export_reruns_give_identical_lock_hashes(project):
+    """Every output and metrics file of the stages after train is deterministic bytes: wall-clock
+    numbers (decode seconds, throughput) stay out of dvc.lock, yet ``dvc metrics show`` lists them."""
+    root, env = project["root"], project["env"]
+
+    def outs() -> dict:
+        lock = yaml.safe_load((root / "dvc.lock").read_text())
+        return {(st, o["path"]): o["md5"] for st in ("evaluate", "quantize", "export") for o in lock["stages"][st]["outs"]}
+
+    first = outs()
+    assert ("quantize", "artifacts/quantize_metrics.json") in first and ("evaluate", "artifacts/eval") in first
+    sh(str(BIN / "dvc"), "repro", "-f", "-s", "evaluate", cwd=root, env=env)
+    sh(str(BIN / "dvc"), "repro", "-f", "-s", "quantize", cwd=root, env=env)
+    sh(str(BIN / "dvc"), "repro", "-f", "-s", "export", cwd=root, env=env)
+    assert outs() == first
+    shown = json.loads(sh(str(BIN / "dvc"), "metrics", "show", "--json", cwd=root, env=env).stdout)
+    wall = shown[""]["data"]["artifacts/quantize_throughput.json"]["data"]
+    assert wall["stage_seconds"] > 0 and wall["throughput"]["ct2-int8"]["b32_t1"]["sentences_per_s"] > 0
+
+
 def test_mlflow_recorded_the_pipeline_run(project):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{project['root'] / 'mlflow.db'}")
     exp = client.get_experiment_by_name("aiayn")
     runs = client.search_runs([exp.experiment_id])
-    eval_run = next(r for r in runs if r.info.run_name == "evaluate")
+    # the first repro's stages share one pipeline run (later forced reruns start their own)
+    eval_run = min((r for r in runs if r.info.run_name == "evaluate"), key=lambda r: r.info.start_time)
     parent = eval_run.data.tags["mlflow.parentRunId"]
-    # the first repro's stages share one pipeline run (a later forced train rerun starts its own)
     stages = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent}
     assert {"train", "evaluate"} <= set(stages)
     train_run = stages["train"]
@@ -155,6 +175,10 @@ def test_mlflow_recorded_the_pipeline_run(project):
     assert [m.step for m in history] == list(range(smoke["log_every"], smoke["max_steps"] + 1, smoke["log_every"]))
     assert "test_2016_flickr.bleu" in eval_run.data.metrics
     assert any(k.startswith("data_hash.") for k in train_run.data.tags)
+    # the export stage registered the bundle; equal-BLEU reruns moved the champion alias (tie rule)
+    champion = client.get_model_version_by_alias("aiayn-en-de", "champion")
+    bundle = json.loads((project["root"] / "artifacts/export/bundle.json").read_text())
+    assert champion.tags["variant"] == bundle["variant"] and "bleu.test_2016_flickr" in champion.tags
 
 
 def test_translate_cli_on_the_trained_bundle(project):

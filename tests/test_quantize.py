@@ -4,7 +4,6 @@ the quality gate and the stage end to end, on small randomly-initialised models 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -13,43 +12,27 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from aiayn.checkpoint import save_model  # noqa: E402
-from aiayn.config import BOS_ID, EOS_ID, ModelConfig, TokenizerConfig, model_preset, params_from_dict  # noqa: E402
+from aiayn.config import EOS_ID, ModelConfig, params_from_dict  # noqa: E402
 from aiayn.decode import max_output_lengths  # noqa: E402
 from aiayn.batching import pad_batch  # noqa: E402
-from aiayn.model import Transformer  # noqa: E402
 from aiayn.quantize.checks import REJECTED, degenerate_lines, gate, max_run  # noqa: E402
 from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported  # noqa: E402
 from aiayn.quantize.ct2_translate import CT2Translator  # noqa: E402
 from aiayn.quantize.eager import eager_logprobs, eager_translate_ids  # noqa: E402
 from aiayn.quantize.fake_quant import fake_quantize_int8  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
-from aiayn.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
+from aiayn.tokenizer import Tokenizer  # noqa: E402
 from aiayn.translate import MAX_INPUT_TOKENS, DecodeOptions, Translator  # noqa: E402
 
-WORDS = "a man woman dog cat runs jumps in the park street red blue big small two three children play with ball".split()
-GERMAN = dict(zip(WORDS, "ein Mann Frau Hund Katze rennt springt im der Park Strasse rot blau gross klein zwei drei Kinder spielen mit Ball".split()))
-
-
-def _corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
-    rng = random.Random(seed)
-    en = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(n)]
-    return en, [" ".join(GERMAN[w] for w in s.split()) for s in en]
+import tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> Tokenizer:
-    d = tmp_path_factory.mktemp("spm")
-    en, de = _corpus(400, 0)
-    (d / "t.txt").write_text("\n".join(en + de) + "\n")
-    return Tokenizer.load(train_tokenizer([d / "t.txt"], d / "spm", TokenizerConfig(vocab_size=120)))
+    return tiny.tokenizer(tmp_path_factory.mktemp("spm"))
 
 
-def _model(tok: Tokenizer, **kw) -> Transformer:
-    torch.manual_seed(0)
-    cfg = model_preset("tiny", **{"vocab_size": tok.vocab_size, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 2,
-                                  "max_positions": 320, **kw})
-    return Transformer(cfg).eval()
+_corpus, _model = tiny.corpus, tiny.model
 
 
 def _ct2(model, tok, tmp_path, quantization="float32", name="ct2") -> CT2Translator:
@@ -104,6 +87,39 @@ def test_int8_weight_round_trip_error_bounded(tok, tmp_path):
     srcs, tgts = Translator(model, tok).encode(en), tok.encode(de)
     gap = max(np.abs(a - b).max() for a, b in zip(eager_logprobs(model, srcs, tgts), ct8.score_ids(srcs, tgts)))
     assert gap < 0.5
+
+
+def test_int8_with_float16_storage_is_smaller_and_decodes_like_int8(tok, tmp_path):
+    """ct2-int8 stores the non-int8 tensors (position table, biases, LayerNorm) in float16; CTranslate2
+    widens them at load on CPU: the file shrinks, the scores move by float16 rounding only."""
+    from aiayn.quantize.variants import VARIANTS, dir_bytes
+
+    model = _model(tok)
+    i8 = _ct2(model, tok, tmp_path, "int8", "i8")
+    AiaynConverter(model, tok).convert(str(tmp_path / "i8h"), quantization=VARIANTS["ct2-int8"].storage, force=True)
+    i8h = CT2Translator(tmp_path / "i8h", tok, max_positions=model.cfg.max_positions, compute_type="int8")
+    table = model.cfg.max_positions * model.cfg.d_model  # float32 -> float16 saves 2 bytes per entry (at least)
+    assert dir_bytes(tmp_path / "i8") - dir_bytes(tmp_path / "i8h") >= 2 * table
+    en, de = _corpus(8, 3)
+    srcs, tgts = Translator(model, tok).encode(en), tok.encode(de)
+    gap = max(np.abs(a - b).max() for a, b in zip(i8.score_ids(srcs, tgts), i8h.score_ids(srcs, tgts)))
+    assert 0 < gap < 0.15  # float16 rounding of biases, LayerNorm and positions (d_model 32, random weights)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_parallel_workers_decode_exactly_like_one(tok, tmp_path, beam):
+    """``inter_threads=2`` decodes batches in parallel (asynchronous submission); outputs and their
+    order equal one worker's."""
+    model = _model(tok)
+    _ct2(model, tok, tmp_path)
+    en, _ = _corpus(40, 5)
+    srcs = Translator(model, tok).encode(en)
+    opts = DecodeOptions(beam_size=beam, max_len_a=1.0, max_len_b=5)
+    one = CT2Translator(tmp_path / "ct2", tok, max_positions=model.cfg.max_positions).translate_ids(srcs, opts, batch_size=4)
+    two = CT2Translator(tmp_path / "ct2", tok, max_positions=model.cfg.max_positions, inter_threads=2)
+    assert two.translate_ids(srcs, opts, batch_size=4) == one
+    if beam == 1:  # greedy: exactly the eager decoder's output too
+        assert one == eager_translate_ids(model, srcs, opts)
 
 
 @pytest.mark.parametrize("field, value", [("activation", "swiglu"), ("n_kv_heads", 1)])
@@ -162,23 +178,7 @@ def test_gate_and_degenerate_checks():
 
 
 def _project(root: Path, tok_dir: Path, tok: Tokenizer, norm: str = "post") -> Layout:
-    layout = Layout(root)
-    prep = layout.prepared
-    prep.mkdir(parents=True)
-    for split, (n, seed) in {"train": (64, 10), "val": (16, 11), "test_a": (24, 12), "test_b": (12, 13)}.items():
-        en, de = _corpus(n, seed)
-        (prep / f"{split}.en").write_text("\n".join(en) + "\n")
-        (prep / f"{split}.de").write_text("\n".join(de) + "\n")
-    model = _model(tok, norm=norm)
-    layout.model.mkdir(parents=True)
-    save_model(layout.model / "model.safetensors", model.state_dict())
-    (layout.model / "model.json").write_text(json.dumps({"model": model.cfg.model_dump(mode="json")}))
-    (layout.model / "spm.model").write_bytes(Path(tok.source).read_bytes())
-    # references = the eager model's own beam output, so eager BLEU is 100 and a damaged variant shows
-    ids = eager_translate_ids(model, Translator(model, tok).encode((prep / "test_a.en").read_text().splitlines()),
-                              DecodeOptions(beam_size=1, max_len_b=8))
-    (prep / "test_a.de").write_text("\n".join(tok.decode(ids)) + "\n")
-    return layout
+    return tiny.project(root, tok, norm)
 
 
 def _params(**quantize):
@@ -227,7 +227,12 @@ def test_stage_end_to_end_and_damaged_variant_is_rejected(tok, tmp_path, monkeyp
     assert metrics["ct2-int8"]["bytes"] < metrics["ct2-float32"]["bytes"]
     for split in ("test_a", "test_b"):
         assert {"bleu", "chrf", "bleu_delta", "chrf_delta"} <= set(metrics["ct2-int8"][split])
-    assert set(metrics["throughput"]["ct2-int8"]) == {"b1_t1", "b32_t1"}
+    wall = json.loads(layout.quantize_throughput.read_text())
+    assert "throughput" not in metrics and "stage_seconds" not in metrics  # wall clock never in a DVC out
+    assert set(wall["throughput"]["ct2-int8"]) == {"b1_t1", "b32_t1"}
+    b32 = wall["throughput"]["ct2-int8"]["b32_t1"]
+    assert b32["rounds"] == stage.THROUGHPUT_ROUNDS and b32["sentences_per_s_min"] <= b32["sentences_per_s"] <= b32["sentences_per_s_max"]
+    assert meta["storage"] == "int8_float16"  # int8 matrices, the rest stored in float16
     assert {"encoder.self_attn", "decoder.ffn", "all"} <= set(report["layer_attribution"])
     out = layout.quantized / "outliers"
     assert (out / "outliers.csv").exists() and (out / "outliers.md").exists()

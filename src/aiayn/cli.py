@@ -1,4 +1,4 @@
-"""``aiayn <verb>``: one command per pipeline stage, plus ``translate`` and ``presets``.
+"""``aiayn <verb>``: one command per pipeline stage, plus ``translate``, ``serve`` and ``presets``.
 
 Every stage verb calls the same ``aiayn.stages.<name>.run`` that ``dvc.yaml``
 (through the Prefect flows in ``pipelines/``) runs.
@@ -94,6 +94,7 @@ _stage_command("tokenize", "Train the joint sentencepiece model and encode every
 _stage_command("train", "Train (or resume) the Transformer; write the averaged model bundle to artifacts/model.")
 _stage_command("evaluate", "Translate the test sets with beam search and score them with sacreBLEU.")
 _stage_command("quantize", "Build CTranslate2/torchao quantized variants, evaluate each, gate on BLEU (artifacts/quantized).")
+_stage_command("export", "Build the serving bundle (artifacts/export) and register it in the MLflow Model Registry.")
 
 
 @app.command()
@@ -265,6 +266,42 @@ def presets(vocab_size: Annotated[int, typer.Option(help="Shared vocabulary (WMT
         n = Transformer(cfg, device="meta").num_parameters()
         table.add_row(name, str(cfg.d_model), str(cfg.n_heads), str(cfg.d_ff), str(cfg.n_layers), str(cfg.dropout), f"{n / 1e6:.1f}M")
     Console().print(table)
+
+
+@app.command()
+def serve(
+    bundle: Annotated[Optional[Path], typer.Option(help="Serve this bundle folder (artifacts/export) instead of the registry.")] = None,
+    model_uri: Annotated[str, typer.Option(help="models:/NAME@ALIAS in the MLflow registry (polled for alias moves).")] = "models:/aiayn-en-de@champion",
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow registry (default MLFLOW_TRACKING_URI, else sqlite:///mlflow.db).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    max_batch_sentences: Annotated[int, typer.Option(help="Sentences per micro-batch.")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="How long an open micro-batch waits for more requests (ms).")] = 5.0,
+    workers: Annotated[int, typer.Option(help="Micro-batches decoding at once.")] = 1,
+    threads: Annotated[int, typer.Option(help="CTranslate2 workers per batch (one thread each) / torch threads (eager bundle).")] = 1,
+    max_sentences: Annotated[int, typer.Option(help="Sentences per request (more: 422).")] = 64,
+    max_body_bytes: Annotated[int, typer.Option(help="Request body limit in bytes (more: 413).")] = 256 * 1024,
+    poll_s: Annotated[float, typer.Option(help="Registry alias polling interval in seconds (0: never).")] = 30.0,
+    log_path: Annotated[Path, typer.Option(help="SQLite request log (WAL), read by the drift monitor.")] = Path("serving/requests.db"),
+    retention_days: Annotated[float, typer.Option(help="Delete logged requests older than this (days).")] = 30.0,
+) -> None:
+    """Serve translations over HTTP (POST /translate) with micro-batching and a durable request log."""
+    setup_logging()
+    from aiayn.serve import ServeConfig
+    from aiayn.serve import serve as run_service
+
+    if bundle is None and not model_uri.startswith("models:/"):
+        typer.echo(f"aiayn serve: error: --model-uri must look like models:/NAME@ALIAS, got {model_uri!r}", err=True)
+        raise typer.Exit(2)
+    cfg = ServeConfig(bundle=bundle, model_uri=model_uri, tracking_uri=tracking_uri, host=host, port=port,
+                      max_batch_sentences=max_batch_sentences, max_wait_ms=max_wait_ms, workers=workers,
+                      threads=threads, max_sentences=max_sentences, max_body_bytes=max_body_bytes, poll_s=poll_s,
+                      log_path=log_path, retention_days=retention_days)
+    try:
+        run_service(cfg)
+    except Exception as e:  # noqa: BLE001 - start-up failures (registry unreachable, bad bundle): one line
+        typer.echo(f"aiayn serve: error: {type(e).__name__}: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from aiayn.tokenizer import Tokenizer
 
 __all__ = [
     "Translator",
+    "max_source_tokens",
     "DecodeOptions",
     "PreparedInput",
     "InputReport",
@@ -139,6 +140,27 @@ def _read_model_config(path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
 
 
+def max_source_tokens(max_positions: int, options: DecodeOptions = DecodeOptions()) -> int:
+    """Longest source a model with ``max_positions`` positions translates without clipping, in tokens
+    with EOS.
+
+    The largest ``n <= max_positions`` with ``int(max_len_a * n + max_len_b) <= max_positions - 1``
+    (the decoder's output cap must fit the position table too; ``aiayn.decode``). Raises
+    ``ValueError`` when not even a one-token source fits (``max_len_b`` too large).
+    """
+    P = max_positions
+    a, b = options.max_len_a, options.max_len_b
+    n = P if a == 0 else min(P, int((P - 1 - b) / a) + 1)
+    while n > 0 and int(a * n + b) > P - 1:
+        n -= 1
+    if n < 2:
+        raise ValueError(
+            f"max_len_a={a}, max_len_b={b} leave no room in max_positions={P}: the output cap "
+            "max_len_a * src_len + max_len_b must stay below max_positions"
+        )
+    return n
+
+
 class Translator:
     """A model + tokenizer pair ready to translate lists of sentences (on the model's device)."""
 
@@ -193,26 +215,17 @@ class Translator:
         """Where the model's parameters (and every decoding batch) live."""
         return next(self.model.parameters()).device
 
+    @property
+    def max_positions(self) -> int:
+        """Rows of the model's position table (tokens): bounds sources and outputs."""
+        return self.model.max_positions
+
     # ------------------------------------------------------------------ input -> units
 
     def max_source_tokens(self, options: DecodeOptions = DecodeOptions()) -> int:
-        """Longest source this model translates without clipping, in tokens with EOS.
-
-        The largest ``n <= max_positions`` with ``int(max_len_a * n + max_len_b) <= max_positions - 1``
-        (the decoder's output cap must fit the position table too; ``aiayn.decode``). Raises
-        ``ValueError`` when not even a one-token source fits (``max_len_b`` too large).
-        """
-        P = self.model.max_positions
-        a, b = options.max_len_a, options.max_len_b
-        n = P if a == 0 else min(P, int((P - 1 - b) / a) + 1)
-        while n > 0 and int(a * n + b) > P - 1:
-            n -= 1
-        if n < 2:
-            raise ValueError(
-                f"max_len_a={a}, max_len_b={b} leave no room in max_positions={P}: the output cap "
-                "max_len_a * src_len + max_len_b must stay below max_positions"
-            )
-        return n
+        """Longest source this model translates without clipping, in tokens with EOS
+        (``max_source_tokens(self.max_positions, options)``)."""
+        return max_source_tokens(self.max_positions, options)
 
     def prepare(
         self, lines: Sequence[str], options: DecodeOptions = DecodeOptions(), *, long: str = "error"
@@ -247,7 +260,7 @@ class Translator:
             more = f" ({len(too_long) - 1} more line(s) too long)" if len(too_long) > 1 else ""
             raise InputError(
                 f"input line {n} has {k} tokens (with EOS); this model translates at most {limit} "
-                f"(max_positions={self.model.max_positions}, max_len_a={options.max_len_a}, "
+                f"(max_positions={self.max_positions}, max_len_a={options.max_len_a}, "
                 f"max_len_b={options.max_len_b}){more}; long-line policy 'error': use 'split' or 'truncate'"
             )
         units: list[np.ndarray] = []
@@ -326,6 +339,13 @@ class Translator:
             start = end
         return results
 
+    def output_lines(self, spans: Sequence[tuple[int, int]], ids: list[list[int]], *, first: int = 0) -> list[str]:
+        """Detokenized output lines for input lines ``spans`` (``PreparedInput.spans``) from the output ids
+        of their units (``ids[k]`` belongs to unit ``first + k``): one line per span, pieces of a split
+        line joined by a space, an empty line for a span without units (UNK never emitted)."""
+        texts = [output_line(t) for t in self.tokenizer.decode([[i for i in h if i != UNK_ID] for h in ids])]
+        return [" ".join(t for t in texts[a - first : b - first] if t) for a, b in spans]
+
     def translate_prepared(
         self,
         prepared: PreparedInput,
@@ -350,8 +370,7 @@ class Translator:
                 end += 1
             first, last = spans[start][0], spans[end - 1][1]
             ids = self.translate_ids(units[first:last], options)
-            texts = [output_line(t) for t in self.tokenizer.decode([[i for i in h if i != UNK_ID] for h in ids])]
-            yield [" ".join(t for t in texts[a - first : b - first] if t) for a, b in spans[start:end]]
+            yield self.output_lines(spans[start:end], ids, first=first)
             if progress:
                 progress(end - start)
             start = end

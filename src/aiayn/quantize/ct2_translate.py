@@ -73,13 +73,15 @@ class CT2Translator:
         device: str = "cpu",
         compute_type: str = "default",
         intra_threads: int = 1,
+        inter_threads: int = 1,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.tokenizer = tokenizer
         self.max_positions = max_positions
         self.compute_type = compute_type
         self.translator = ctranslate2.Translator(
-            str(model_dir), device=device, compute_type=compute_type, intra_threads=intra_threads
+            str(model_dir), device=device, compute_type=compute_type, intra_threads=intra_threads,
+            inter_threads=inter_threads,
         )
         self.pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
         self.piece_id = {p: i for i, p in enumerate(self.pieces)}
@@ -97,7 +99,7 @@ class CT2Translator:
             pad_batch(sources), max_len_a=options.max_len_a, max_len_b=options.max_len_b, max_positions=self.max_positions
         ).tolist()
 
-    def _run(self, sources: list[np.ndarray], cap: int, beam: int):
+    def _run(self, sources: list[np.ndarray], cap: int, beam: int, *, asynchronous: bool = False):
         return self.translator.translate_batch(
             [self._tok(s) for s in sources],
             beam_size=beam,
@@ -110,6 +112,7 @@ class CT2Translator:
             suppress_sequences=self._suppress,
             return_end_token=beam > 1,
             return_scores=beam > 1,
+            asynchronous=asynchronous,
         )
 
     def _hyps(self, result) -> list[_Hyp]:
@@ -132,13 +135,20 @@ class CT2Translator:
     def translate_ids(
         self, sources: list[np.ndarray], options: DecodeOptions = DecodeOptions(), *, batch_size: int | None = None
     ) -> list[list[int]]:
-        """Decode source id arrays (EOS included); output ids (no BOS/EOS) in input order."""
+        """Decode source id arrays (EOS included); output ids (no BOS/EOS) in input order.
+
+        Every batch is submitted at once (``asynchronous=True``) so that ``inter_threads`` workers
+        decode batches in parallel; results are collected in submission order, and each batch's
+        output does not depend on which worker ran it."""
         results: list[list[int]] = [[] for _ in sources]
         beam = options.beam_size
+        jobs = []
         for idx in sorted_batches(sources, batch_size=batch_size, max_tokens=options.max_tokens):
             srcs = [sources[i] for i in idx]
             caps = self.caps(srcs, options)
-            outs = self._run(srcs, max(caps), beam)
+            jobs.append((idx, caps, srcs, self._run(srcs, max(caps), beam, asynchronous=True)))
+        for idx, caps, srcs, pending in jobs:
+            outs = [p.result() for p in pending]
             for i, cap, src, res in zip(idx, caps, srcs, outs):
                 if beam == 1:
                     toks = res.hypotheses[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 __all__ = ["Layout", "STAGES"]
 
 #: Pipeline order (DVC DAG).
-STAGES = ("prepare", "tokenize", "train", "evaluate", "quantize")
+STAGES = ("prepare", "tokenize", "train", "evaluate", "quantize", "export")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Layout:
     ``model``     checkpoints, ``model.safetensors`` (averaged), ``model.json``
     ``eval``      hypotheses ``{split}.hyp.{tgt_lang}`` and ``scores.json`` (with signatures)
     ``quantized`` one folder per quantized variant (``ct2-int8/``: model + ``variant.json``), reports
+    ``export``    the serving bundle (``bundle.json``, model, ``spm.model``, model card), registered in MLflow
     ``*_metrics`` small JSON metrics files declared under DVC ``metrics:``
     """
 
@@ -75,5 +76,18 @@ class Layout:
 
     @property
     def quantize_metrics(self) -> Path:
-        """Per-variant BLEU/chrF, deltas, bytes, status, throughput (DVC ``metrics``, outside ``quantized``)."""
+        """Per-variant BLEU/chrF, deltas, bytes, status (DVC stage ``metrics``, outside ``quantized``;
+        deterministic bytes, so ``dvc.lock`` hashes repeat run to run)."""
         return self.root / "artifacts" / "quantize_metrics.json"
+
+    @property
+    def export(self) -> Path:
+        """The serving bundle (``aiayn.export``): model, tokenizer, ``bundle.json``, model card."""
+        return self.root / "artifacts" / "export"
+
+    @property
+    def quantize_throughput(self) -> Path:
+        """Wall-clock decode throughput and stage seconds: a top-level ``metrics:`` file in ``dvc.yaml``
+        (``dvc metrics show`` lists it) that no stage declares as an output, so its run-to-run noise
+        never enters ``dvc.lock``."""
+        return self.root / "artifacts" / "quantize_throughput.json"

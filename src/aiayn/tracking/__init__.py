@@ -1,7 +1,8 @@
 """MLflow tracking: one parent run per pipeline run, one nested child run per stage.
 
-This is the only module in ``aiayn`` that imports ``mlflow``, and it does so
-lazily (inside functions), so ``import aiayn.tracking`` stays cheap.
+This package is the only place in ``aiayn`` that imports ``mlflow``, and it does so
+lazily (inside functions), so ``import aiayn.tracking`` stays cheap. The model
+registry (the serving bundle as a pyfunc model, aliases) is ``aiayn.tracking.registry``.
 
 Where runs go
 -------------
@@ -24,9 +25,9 @@ Which pipeline run a stage joins (the parent rule)
    no child for this stage yet. Else a fresh parent is started, and a recorded
    parent that is still running is ended as superseded (``FAILED`` if one of
    its stages failed or died, else ``FINISHED``). So
-   ``prepare -> tokenize -> train -> evaluate -> quantize`` share one parent, and running a
+   ``prepare -> tokenize -> train -> evaluate -> quantize -> export`` share one parent, and running a
    stage a second time starts a new pipeline run.
-3. The last stage of the pipeline (``aiayn.stages.STAGES[-1]``, ``quantize``
+3. The last stage of the pipeline (``aiayn.stages.STAGES[-1]``, ``export``
    today; override with ``end_pipeline=``) ends the parent with its own status
    and deletes the state file. ``end_pipeline_run()`` ends it explicitly.
 

@@ -1,0 +1,188 @@
+"""Load on ``aiayn serve`` (loopback) next to calling the bundle's model directly, in one run.
+
+    python benchmarks/serve_load.py --bundle artifacts/export [--clients 1 8 32 100] [--rounds 3]
+
+For each client count: ``clients`` concurrent asyncio clients each send their share of a fixed
+number of requests (1-8 sentences each, drawn with a fixed seed from the source file) and stop.
+Reported: sentences/s and p50/p95/p99 request latency (ms). Side by side, same sentences, same
+process start: the model called directly (``load_bundle`` + ``translate``) in batches of
+``--max-batch-sentences`` (throughput) and one sentence at a time (latency). Rounds alternate
+service / direct; medians with min-max. The service runs in its own process (``aiayn serve``) so
+the clients do not share its interpreter; both sides use the same threads setting.
+
+Targets (issue 11): at 32 clients the service reaches >= 0.8x the direct batch throughput; at one
+client its p95 latency is <= the direct single-sentence p95 + 20 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def requests_for(lines: list[str], n: int, seed: int) -> list[list[str]]:
+    rng = random.Random(seed)
+    return [[rng.choice(lines) for _ in range(rng.randint(1, 8))] for _ in range(n)]
+
+
+async def run_clients(url: str, reqs: list[list[str]], clients: int) -> tuple[float, list[float]]:
+    """(sentences/s, latencies in ms): ``clients`` workers share ``reqs`` and stop when it is empty."""
+    queue = list(reversed(reqs))
+    lat: list[float] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
+
+        async def worker() -> None:
+            while queue:
+                body = {"sentences": queue.pop()}
+                t0 = time.perf_counter()
+                r = await c.post("/translate", json=body)
+                lat.append((time.perf_counter() - t0) * 1000)
+                if r.status_code != 200:
+                    raise RuntimeError(f"service answered {r.status_code}: {r.text[:200]}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        seconds = time.perf_counter() - t0
+    return sum(len(r) for r in reqs) / seconds, lat
+
+
+def direct(translator, options, reqs: list[list[str]], batch: int) -> float:
+    """Sentences/s of the model called directly on the same sentences, ``batch`` at a time."""
+    flat = [s for r in reqs for s in r]
+    t0 = time.perf_counter()
+    for i in range(0, len(flat), batch):
+        translator.translate(flat[i : i + batch], options, long="split")
+    return len(flat) / (time.perf_counter() - t0)
+
+
+def direct_latency(translator, options, sentences: list[str]) -> list[float]:
+    out = []
+    for s in sentences:
+        t0 = time.perf_counter()
+        translator.translate([s], options, long="split")
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def direct_request_latency(translator, options, reqs: list[list[str]]) -> list[float]:
+    """Per-request latency (ms) of the model called directly, one request's sentences per call."""
+    out = []
+    for r in reqs:
+        t0 = time.perf_counter()
+        translator.translate(r, options, long="split")
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", type=Path, default=REPO / "artifacts" / "export")
+    ap.add_argument("--sources", type=Path, default=REPO / "artifacts" / "prepared" / "test_2016_flickr.en")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 100])
+    ap.add_argument("--requests", type=int, default=120, help="requests per client count and round (at least 2 per client)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-batch-sentences", type=int, default=32)
+    ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(REPO / "src"))
+    from aiayn.export import load_bundle
+    from aiayn.translate import DecodeOptions
+
+    lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]
+    translator, info = load_bundle(args.bundle, threads=args.threads * args.workers)
+    options = DecodeOptions(**info["decode"])
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    tmp = Path(tempfile.mkdtemp(prefix="aiayn-serve-load-"))
+    cmd = [str(BIN / "aiayn"), "serve", "--bundle", str(args.bundle), "--port", str(port), "--poll-s", "0",
+           "--max-batch-sentences", str(args.max_batch_sentences), "--max-wait-ms", str(args.max_wait_ms),
+           "--workers", str(args.workers), "--threads", str(args.threads), "--log-path", str(tmp / "requests.db")]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"))
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError(f"service did not start: {(tmp / 'serve.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        single = direct_latency(translator, options, lines[:50])  # warm-up of both sides
+        asyncio.run(run_clients(url, requests_for(lines, 20, 0), 4))
+        rows = []
+        for clients in args.clients:
+            svc, drc, lat_all = [], [], []
+            n = max(args.requests, 2 * clients)
+            for r in range(args.rounds):
+                reqs = requests_for(lines, n, 1000 * clients + r)
+                order = ("service", "direct") if r % 2 == 0 else ("direct", "service")
+                for side in order:
+                    if side == "service":
+                        sps, lat = asyncio.run(run_clients(url, reqs, clients))
+                        svc.append(sps)
+                        lat_all += lat
+                    else:
+                        drc.append(direct(translator, options, reqs, args.max_batch_sentences))
+                print(f"clients {clients} round {r}: service {svc[-1]:.1f} sent/s, direct {drc[-1]:.1f} sent/s", file=sys.stderr)
+            ratios = [a / b for a, b in zip(svc, drc)]
+            rows.append((clients, svc, drc, ratios, lat_all))
+        single = direct_latency(translator, options, lines[:100])
+        same = direct_request_latency(translator, options, requests_for(lines, max(args.requests, 2), 1000))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+    print(f"Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
+          f"decode {info['decode']}; service: max batch {args.max_batch_sentences} sentences, max wait "
+          f"{args.max_wait_ms} ms, workers {args.workers}, threads {args.threads}; {args.rounds} alternating rounds.\n")
+    print("| clients | service sent/s (min-max) | direct batch sent/s (min-max) | service / direct (min-max) | p50 ms | p95 ms | p99 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for clients, svc, drc, ratios, lat in rows:
+        print(f"| {clients} | {statistics.median(svc):.1f} ({min(svc):.1f}-{max(svc):.1f}) | "
+              f"{statistics.median(drc):.1f} ({min(drc):.1f}-{max(drc):.1f}) | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+              f"{pct(lat, 50):.0f} | {pct(lat, 95):.0f} | {pct(lat, 99):.0f} |")
+    print(f"\nDirect, one call per request of the 1-client row's first round ({len(same)} requests of 1-8 sentences): "
+          f"p50 {pct(same, 50):.1f} ms, p95 {pct(same, 95):.1f} ms, p99 {pct(same, 99):.1f} ms.")
+    print(f"Direct single-sentence latency (100 sentences, one call each): p50 {pct(single, 50):.1f} ms, "
+          f"p95 {pct(single, 95):.1f} ms, p99 {pct(single, 99):.1f} ms.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

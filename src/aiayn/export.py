@@ -1,0 +1,210 @@
+"""The serving bundle: what leaves the pipeline for a serving team.
+
+A bundle is one self-contained folder (``artifacts/export`` from the ``export`` stage)::
+
+    bundle.json       what to load: {"format": 1, "variant", "runtime", "compute_type", "decode"}
+    model.json        the trained model's config and provenance (seeds, steps averaged, tokenizer hash)
+    spm.model         the sentencepiece model (the only tokenizer the model knows)
+    ct2/              runtime "ctranslate2": a CTranslate2 model directory (config.json, model.bin, ...)
+    model.safetensors runtime "eager": the float weights, decoded by our own ``aiayn.decode``
+    model_card.json   data hash, git commit, seeds, params, variant, BLEU/chrF per test set with
+    model_card.md     their sacreBLEU signatures, known limits (the same facts, for people)
+
+The variant is the first quantize-gate-passing one of ``quantize.serving_preference`` (``ct2-int8``
+by default, CPU); when none passed, the eager float model (``eager-float32``): a rejected variant
+never ships. ``load_bundle`` gives an ``aiayn.translate.Translator`` whatever the runtime, so the
+service, the MLflow pyfunc model and ``aiayn translate`` share one input path (blank, long and
+unknown input follow the same rules).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import DecodeOptions, Translator, _read_model_config
+
+__all__ = ["BundleError", "EAGER", "BUNDLE_FORMAT", "build_bundle", "load_bundle", "read_bundle_info", "CT2BundleTranslator", "render_card", "sentences_from_input"]
+
+EAGER = "eager-float32"
+BUNDLE_FORMAT = 1
+_CT2_FILES = ("config.json", "model.bin", "shared_vocabulary.json")
+
+class BundleError(ValueError):
+    """A serving bundle is missing a file, malformed, or names an unknown runtime (one-line message)."""
+
+
+class CT2BundleTranslator(Translator):
+    """``Translator`` whose decoding runs in CTranslate2 (``aiayn.quantize.ct2_translate``) under our
+    decoding rules; input preparation (cleaning, unknown characters, long lines) is inherited."""
+
+    def __init__(self, ct2, tokenizer: Tokenizer, cfg: ModelConfig) -> None:
+        self.model = None  # no PyTorch model: decoding is CTranslate2's
+        self.tokenizer = tokenizer
+        self.ct2 = ct2
+        self.cfg = cfg
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.ct2.translator.device)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_positions
+
+    def translate_ids(self, sources: list[np.ndarray], options: DecodeOptions = DecodeOptions(), *,
+                      progress=None) -> list[list[int]]:
+        out = self.ct2.translate_ids(sources, options)
+        if progress:
+            progress(len(sources))
+        return out
+
+
+def sentences_from_input(model_input: Any) -> list[str]:
+    """Source sentences from what an MLflow pyfunc caller may send: a list/tuple of strings, a pandas
+    Series, a one-column DataFrame, or a 1-D numpy array of strings (REST ``inputs``,
+    ``dataframe_split`` and ``dataframe_records`` payloads arrive as one of these).
+
+    Raises ``TypeError`` for anything else (numbers, nested lists, several columns), naming the
+    first offending item; ``ValueError`` for an empty input.
+    """
+    import pandas as pd
+
+    if isinstance(model_input, pd.DataFrame):
+        if model_input.shape[1] != 1:
+            raise TypeError(f"expected one column of source sentences, got {model_input.shape[1]} columns "
+                            f"{list(model_input.columns)[:5]}")
+        items = model_input.iloc[:, 0].tolist()
+    elif isinstance(model_input, pd.Series):
+        items = model_input.tolist()
+    elif isinstance(model_input, np.ndarray):
+        if model_input.ndim != 1:
+            raise TypeError(f"expected a 1-D array of source sentences, got shape {model_input.shape}")
+        items = model_input.tolist()
+    elif isinstance(model_input, (list, tuple)):
+        items = list(model_input)
+    elif isinstance(model_input, str):
+        items = [model_input]
+    else:
+        raise TypeError(f"expected a list of source sentences (strings), got {type(model_input).__name__}")
+    for i, x in enumerate(items):
+        if not isinstance(x, str):
+            raise TypeError(f"input item {i} is {type(x).__name__} ({x!r:.60}), expected a string sentence")
+    if not items:
+        raise ValueError("no sentences to translate (empty input)")
+    return items
+
+
+def read_bundle_info(path: str | Path) -> dict[str, Any]:
+    """``bundle.json`` of the bundle in ``path``. Raises ``BundleError`` (missing, not JSON, wrong format)."""
+    f = Path(path) / "bundle.json"
+    try:
+        info = json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{f} not found: not a serving bundle (build one with the export stage)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(info, dict) or info.get("format") != BUNDLE_FORMAT or info.get("runtime") not in ("ctranslate2", "eager"):
+        raise BundleError(f"{f}: expected format {BUNDLE_FORMAT} with runtime 'ctranslate2' or 'eager', got {info!r:.200}")
+    return info
+
+
+def load_bundle(path: str | Path, *, device: str = "cpu", threads: int = 1) -> tuple[Translator, dict[str, Any]]:
+    """``(translator, bundle info)`` for the bundle in ``path``.
+
+    ``threads``: CTranslate2 workers (``inter_threads``, one thread each: batches decode in parallel)
+    or PyTorch intra-op threads for the eager runtime. Raises ``BundleError`` for a malformed bundle,
+    ``aiayn.checkpoint.CheckpointError`` / ``aiayn.tokenizer.TokenizerError`` for unreadable weights or
+    tokenizer.
+    """
+    path = Path(path)
+    info = read_bundle_info(path)
+    for name in ("model.json", "spm.model"):
+        if not (path / name).is_file():
+            raise BundleError(f"{path / name} not found: the bundle is incomplete")
+    if info["runtime"] == "eager":
+        torch.set_num_threads(max(1, threads))
+        return Translator.from_dir(path, device=device), info
+    from aiayn.quantize.ct2_translate import CT2Translator  # ctranslate2 only when a bundle needs it
+
+    missing = [n for n in _CT2_FILES if not (path / "ct2" / n).is_file()]
+    if missing:
+        raise BundleError(f"{path / 'ct2'}: missing {', '.join(missing)} (the bundle is incomplete)")
+    cfg = _read_model_config(path / "model.json")
+    tokenizer = Tokenizer.load(path / "spm.model")
+    ct2 = CT2Translator(path / "ct2", tokenizer, max_positions=cfg.max_positions, device=device,
+                        compute_type=info.get("compute_type") or "default", inter_threads=max(1, threads))
+    return CT2BundleTranslator(ct2, tokenizer, cfg), info
+
+
+def render_card(card: dict[str, Any]) -> str:
+    """The model card as markdown (same facts as ``model_card.json``)."""
+    lines = [f"# {card['name']} — {card['variant']}", "",
+             f"{card['description']}", "",
+             "## Quality (sacreBLEU, detokenized, cased)", "",
+             "| test set | BLEU | chrF | BLEU signature |", "|---|---:|---:|---|"]
+    for split, s in card["scores"].items():
+        lines.append(f"| {split} | {s['bleu']:.2f} | {s['chrf']:.2f} | `{s.get('bleu_signature', '')}` |")
+    lines += ["", "## Provenance", ""]
+    prov = card["provenance"]
+    lines += [f"- git commit: `{prov.get('git_commit')}`" + (" (dirty work tree)" if prov.get("git_dirty") else ""),
+              f"- model seed {prov.get('seed')}, data-order seed {prov.get('data_seed')}; "
+              f"steps averaged {prov.get('averaged_steps')}",
+              f"- tokenizer sha256 `{prov.get('tokenizer_sha256')}`"]
+    lines += [f"- data `{k}`: `{v}`" for k, v in sorted(prov.get("data_hashes", {}).items())]
+    lines += ["", "## Serving", "", f"- runtime `{card['runtime']}`, compute type `{card.get('compute_type')}`",
+              f"- decoding: {json.dumps(card['decode'])}",
+              f"- why this variant: {card['why']}", "", "## Known limits", ""]
+    lines += [f"- {x}" for x in card["limits"]]
+    lines += ["", "## Parameters", "", "```json", json.dumps(card["params"], indent=2, sort_keys=True), "```", ""]
+    return "\n".join(lines)
+
+
+def build_bundle(
+    out_dir: str | Path,
+    *,
+    model_dir: str | Path,
+    variant: str,
+    variant_dir: str | Path | None,
+    compute_type: str | None,
+    decode: DecodeOptions,
+    card: dict[str, Any],
+) -> Path:
+    """Write the bundle for ``variant`` into ``out_dir`` (atomically replaced).
+
+    ``variant == EAGER``: the float weights of ``model_dir``; otherwise ``variant_dir`` is the
+    quantize stage's CTranslate2 folder for it. ``card``: the model card fields (``render_card``).
+    Raises ``BundleError`` when a needed file is missing.
+    """
+    model_dir = Path(model_dir)
+    for name in ("model.json", "spm.model", *(("model.safetensors",) if variant == EAGER else ())):
+        if not (model_dir / name).is_file():
+            raise BundleError(f"{model_dir / name} not found (run the train stage first)")
+    if variant != EAGER:
+        if variant_dir is None or any(not (Path(variant_dir) / n).is_file() for n in _CT2_FILES):
+            raise BundleError(f"{variant_dir}: not a CTranslate2 model folder (run the quantize stage first)")
+    info = {"format": BUNDLE_FORMAT, "variant": variant, "runtime": "eager" if variant == EAGER else "ctranslate2",
+            "compute_type": None if variant == EAGER else compute_type, "decode": decode.__dict__}
+    with atomic_dir(Path(out_dir)) as out:
+        for name in ("model.json", "spm.model"):
+            shutil.copyfile(model_dir / name, out / name)
+        if variant == EAGER:
+            shutil.copyfile(model_dir / "model.safetensors", out / "model.safetensors")
+        else:
+            (out / "ct2").mkdir()
+            for name in _CT2_FILES:
+                shutil.copyfile(Path(variant_dir) / name, out / "ct2" / name)
+        atomic_write_json(out / "bundle.json", info)
+        full = card | {"variant": variant, "runtime": info["runtime"], "compute_type": info["compute_type"],
+                       "decode": info["decode"]}
+        atomic_write_json(out / "model_card.json", full)
+        atomic_write_text(out / "model_card.md", render_card(full))
+    return Path(out_dir)

@@ -1,0 +1,117 @@
+"""``export`` stage: the serving bundle (``artifacts/export``) and its MLflow Model Registry entry.
+
+Variant: the quantize stage's ``serving.json`` (the first gate-passing variant of
+``quantize.serving_preference``: ``ct2-int8`` by default on CPU); when none passed, the eager float
+model. The bundle's model card holds the data hashes (``dvc.lock`` / ``data.dvc``), the git commit,
+the seeds, the resolved params, and BLEU/chrF per test set of the shipped variant with the sacreBLEU
+signatures of the evaluate stage (same sacreBLEU settings). The bundle is deterministic for one
+commit (the card names the commit).
+
+Registry (when tracking is on): the bundle is logged as an MLflow pyfunc model (input: sentences;
+output: translations), registered as ``REGISTERED_MODEL`` (env ``AIAYN_REGISTERED_MODEL``), and
+the alias ``champion`` moves to it only when its ``quantize.gate_split`` BLEU is >= the current
+champion's (``aiayn.tracking.registry.choose_alias``); otherwise it becomes ``challenger``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from aiayn.config import Params
+from aiayn.export import EAGER, build_bundle
+from aiayn.stages import Layout
+from aiayn.tracking import Tracker, dvc_data_hashes, git_commit
+from aiayn.tracking.registry import register_translation_model
+from aiayn.translate import DecodeOptions, max_source_tokens
+
+__all__ = ["run", "REGISTERED_MODEL"]
+
+log = logging.getLogger("aiayn")
+
+#: Registered model name in the MLflow Model Registry (env ``AIAYN_REGISTERED_MODEL`` overrides).
+REGISTERED_MODEL = "aiayn-en-de"
+
+
+def _read_json(path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} not found: run the stages before export (`dvc repro`)") from None
+
+
+def _limits(params: Params, max_source_tokens: int) -> list[str]:
+    d = params.data
+    return [
+        f"Trained on {d.src_lang}->{d.tgt_lang} image captions (Multi30k, ~29k sentence pairs): short, literal, "
+        "descriptive sentences; expect much lower quality on other domains (news, dialogue, technical text).",
+        f"A source sentence is at most {max_source_tokens} sentencepiece tokens (with EOS); the service splits "
+        "longer lines at sentence/clause/word boundaries and translates the pieces.",
+        "Characters the tokenizer never saw are dropped from the input (counted in the response log).",
+        "Quantized variants are re-evaluated (BLEU/chrF above): numbers for other variants do not carry over.",
+    ]
+
+
+def run(params: Params, layout: Layout) -> dict[str, Any]:
+    """Build ``artifacts/export`` and register it. Returns ``{variant, bundle, registered: {version, alias}|None}``.
+
+    Raises ``FileNotFoundError`` when an earlier stage's output is missing and
+    ``aiayn.export.BundleError`` when the chosen variant's files are incomplete.
+    """
+    q, e, d = params.quantize, params.evaluate, params.data
+    serving = _read_json(layout.quantized / "serving.json")
+    report = _read_json(layout.quantized / "report.json")
+    eval_scores = _read_json(layout.eval / "scores.json")
+    variant = serving.get("variant") or EAGER
+    why = serving.get("why", "") if serving.get("variant") else (
+        f"no quantized variant passed the gate (max BLEU drop {q.max_bleu_drop}): the eager float model ships")
+    scores: dict[str, dict[str, Any]] = {}
+    for split in d.test_splits:
+        ev = eval_scores[split]
+        sigs = {"bleu_signature": ev["bleu_signature"], "chrf_signature": ev["chrf_signature"]}
+        if variant == EAGER:
+            scores[split] = {"bleu": round(float(ev["bleu"]), 4), "chrf": round(float(ev["chrf"]), 4)} | sigs
+        else:
+            s = report["variants"][variant]["scores"][split]
+            scores[split] = {"bleu": s["bleu"], "chrf": s["chrf"], "bleu_delta_vs_float": s["bleu_delta"]} | sigs
+    model_meta = _read_json(layout.model / "model.json")
+    commit, dirty = git_commit(layout.root)
+    decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
+                           max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+    max_src = max_source_tokens(int(model_meta["model"]["max_positions"]), decode)
+    name = os.environ.get("AIAYN_REGISTERED_MODEL", REGISTERED_MODEL)
+    card = {
+        "name": name,
+        "description": f"Transformer (Vaswani et al., 2017) {d.src_lang}->{d.tgt_lang} translation model, "
+                       f"preset {model_meta.get('model_preset')}, trained by the aiayn pipeline.",
+        "why": why,
+        "scores": scores,
+        "gate": {"split": q.gate_split, "max_bleu_drop": q.max_bleu_drop},
+        "provenance": {"git_commit": commit, "git_dirty": dirty, "seed": model_meta.get("seed"),
+                       "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
+                       "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
+                       "data_hashes": {k: v for k, v in dvc_data_hashes(layout.root).items()
+                                       if k in ("data/multi30k", "data", "artifacts/prepared", "artifacts/tokenized")}},
+        "params": params.model_dump(mode="json"),
+        "limits": _limits(params, max_src),
+        "max_source_tokens": max_src,
+    }
+    vinfo = report["variants"].get(variant, {})
+    build_bundle(layout.export, model_dir=layout.model, variant=variant,
+                 variant_dir=None if variant == EAGER else layout.quantized / variant,
+                 compute_type=vinfo.get("compute_type"), decode=decode, card=card)
+    log.info("export: %s bundle in %s (%s BLEU %.2f)", variant, layout.export, q.gate_split, scores[q.gate_split]["bleu"])
+
+    registered = None
+    with Tracker("export", project_root=layout.root) as tracker:
+        tracker.set_tags({"export.variant": variant})
+        tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
+        registered = register_translation_model(
+            tracker, layout.export, name=name, variant=variant, gate_split=q.gate_split,
+            bleu=float(scores[q.gate_split]["bleu"]), example=["A man is riding a bicycle down the street."])
+        if registered:
+            log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
+    return {"variant": variant, "bundle": str(layout.export), "registered": registered}
+

@@ -1,0 +1,392 @@
+"""Serving: the export bundle, the MLflow registry rules and pyfunc model, and ``aiayn serve`` on a
+free loopback port (happy path, every bad input, micro-batching, the request log, alias moves)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("ctranslate2")
+
+import tiny  # noqa: E402
+from aiayn.config import params_from_dict  # noqa: E402
+from aiayn.export import EAGER, BundleError, build_bundle, load_bundle, read_bundle_info, sentences_from_input  # noqa: E402
+from aiayn.tracking.registry import CHALLENGER, CHAMPION, choose_alias, register_translation_model  # noqa: E402
+from aiayn.quantize.converter import AiaynConverter  # noqa: E402
+from aiayn.serve import LogWriteError, MicroBatcher, RequestLog, ServeConfig, ServedModel, create_app  # noqa: E402
+from aiayn.translate import DecodeOptions, Translator  # noqa: E402
+
+OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
+CARD = {"name": "aiayn-test", "description": "tiny", "why": "test", "scores": {"test_a": {"bleu": 1.0, "chrf": 2.0}},
+        "provenance": {}, "params": {}, "limits": ["tiny"]}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tokenizer, a model bundle and two serving bundles of it (CTranslate2 float32 and eager)."""
+    root = tmp_path_factory.mktemp("serve")
+    tok = tiny.tokenizer(root)
+    layout = tiny.project(root / "proj", tok)
+    model = Translator.from_dir(layout.model, device="cpu")
+    AiaynConverter(model.model, tok).convert(str(root / "ct2-float32"), quantization="float32", force=True)
+    ct2 = build_bundle(root / "bundle-ct2", model_dir=layout.model, variant="ct2-float32", variant_dir=root / "ct2-float32",
+                       compute_type="float32", decode=OPTIONS, card=CARD)
+    eager = build_bundle(root / "bundle-eager", model_dir=layout.model, variant=EAGER, variant_dir=None,
+                         compute_type=None, decode=OPTIONS, card=CARD)
+    en, _ = tiny.corpus(40, 7)
+    return {"root": root, "tok": tok, "layout": layout, "model": model, "ct2": ct2, "eager": eager, "en": en}
+
+
+# --------------------------------------------------------------------------- pure rules
+
+
+def test_alias_rule_champion_only_when_at_least_as_good():
+    assert choose_alias(30.0, None) == CHAMPION  # first version
+    assert choose_alias(30.1, 30.0) == CHAMPION
+    assert choose_alias(30.0, 30.0) == CHAMPION  # tie: the newer version takes over
+    assert choose_alias(29.9, 30.0) == CHALLENGER
+
+
+def test_sentences_from_every_pyfunc_input_shape():
+    want = ["a man", "two dogs"]
+    assert sentences_from_input(want) == want
+    assert sentences_from_input(pd.Series(want)) == want
+    assert sentences_from_input(pd.DataFrame({"sentence": want})) == want
+    assert sentences_from_input(np.array(want)) == want
+    with pytest.raises(TypeError, match="item 1 is int"):
+        sentences_from_input(["a", 3])
+    with pytest.raises(TypeError, match="2 columns"):
+        sentences_from_input(pd.DataFrame({"a": want, "b": want}))
+    with pytest.raises(TypeError, match="dict"):
+        sentences_from_input({"sentences": want})
+    with pytest.raises(ValueError, match="empty"):
+        sentences_from_input([])
+
+
+# --------------------------------------------------------------------------- bundle
+
+
+@pytest.mark.parametrize("kind", ["ct2", "eager"])
+def test_bundle_translates_like_the_model_it_ships(world, kind):
+    tr, info = load_bundle(world[kind])
+    assert info["variant"] == ("ct2-float32" if kind == "ct2" else EAGER) and info["decode"]["beam_size"] == 2
+    src = world["en"][:12] + ["", "a \u2603 man"]  # blank line and an unknown character follow the shared rules
+    # eager: our beam search itself; CTranslate2 float32: greedy is exact (a random model's beams run into
+    # the length cap, where CTranslate2's last step differs: aiayn.quantize.ct2_translate)
+    opts = OPTIONS if kind == "eager" else DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6)
+    got = tr.translate(src, opts)
+    assert got == world["model"].translate(src, opts)
+    assert len(got) == len(src) and got[12] == ""
+    card = json.loads((world[kind] / "model_card.json").read_text())
+    assert card["variant"] == info["variant"] and "## Known limits" in (world[kind] / "model_card.md").read_text()
+
+
+def test_bad_bundles_are_refused_with_a_message(world, tmp_path):
+    with pytest.raises(BundleError, match="not a serving bundle"):
+        read_bundle_info(tmp_path)
+    (tmp_path / "bundle.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        read_bundle_info(tmp_path)
+    (tmp_path / "bundle.json").write_text(json.dumps({"format": 1, "runtime": "ctranslate2", "variant": "x", "decode": {}}))
+    with pytest.raises(BundleError, match="model.json"):
+        load_bundle(tmp_path)
+    with pytest.raises(BundleError, match="not a CTranslate2 model folder"):
+        build_bundle(tmp_path / "out", model_dir=world["layout"].model, variant="ct2-int8", variant_dir=tmp_path,
+                     compute_type="int8", decode=OPTIONS, card=CARD)
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- registry + pyfunc
+
+
+def _register(store: str, root: Path, bundle: Path, bleu: float) -> dict:
+    from aiayn.tracking import Tracker
+
+    with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
+        variant = read_bundle_info(bundle)["variant"]
+        out = register_translation_model(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,
+                                         example=["a man"])
+    assert out is not None, "registration failed (see the warning)"
+    return out
+
+
+@pytest.fixture(scope="module")
+def registry(world):
+    """A SQLite MLflow store with two registrations: v1 (BLEU 30, champion), v2 (29, challenger)."""
+    root = world["root"] / "reg"
+    root.mkdir()
+    store = f"sqlite:///{root / 'mlflow.db'}"
+    v1 = _register(store, root, world["ct2"], 30.0)
+    v2 = _register(store, root, world["eager"], 29.0)
+    return {"store": store, "root": root, "v1": v1, "v2": v2}
+
+
+def test_registry_aliases_follow_the_bleu_rule(world, registry):
+    from mlflow import MlflowClient
+
+    assert registry["v1"] == {"version": "1", "alias": CHAMPION, "champion_bleu_before": None}
+    assert registry["v2"] == {"version": "2", "alias": CHALLENGER, "champion_bleu_before": 30.0}
+    client = MlflowClient(tracking_uri=registry["store"])
+    assert str(client.get_model_version_by_alias("aiayn-en-de", CHAMPION).version) == "1"
+    assert str(client.get_model_version_by_alias("aiayn-en-de", CHALLENGER).version) == "2"
+    mv = client.get_model_version("aiayn-en-de", "2")
+    assert mv.tags["variant"] == EAGER and float(mv.tags["bleu.test_a"]) == 29.0
+
+
+def test_pyfunc_model_answers_a_list_and_a_frame_alike_and_refuses_wrong_types(world, registry):
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(registry["store"])
+    try:
+        m = mlflow.pyfunc.load_model("models:/aiayn-en-de@champion")
+    finally:
+        mlflow.set_tracking_uri(None)
+    src = world["en"][:5]
+    want = load_bundle(world["ct2"])[0].translate(src, OPTIONS)
+    assert list(m.predict(src)) == want
+    assert list(m.predict(pd.DataFrame({"sentence": src}))) == want
+    assert m.metadata.get_input_schema().to_dict() == [{"type": "string", "required": True}]  # sentences in
+    # numbers, a mapping, None, nothing: refused (a nested list is turned into text by MLflow's own schema
+    # enforcement before our code sees it; see the README)
+    for wrong in ([1, 2], {"sentences": src}, [None], []):
+        with pytest.raises(MlflowException) as err:
+            m.predict(wrong)
+        assert err.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+# --------------------------------------------------------------------------- request log + batcher
+
+
+def test_request_log_is_wal_and_a_failed_write_raises(tmp_path):
+    rl = RequestLog(tmp_path / "log.db")
+    rl.write("r1", ts=time.time(), model={"name": "m", "version": "1", "variant": "v"}, beam_size=4,
+             sources=["a", "b"], source_tokens=[2, 2], output_tokens=[3, 1], outputs=["x y", "z"])
+    db = sqlite3.connect(tmp_path / "log.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT count(*) FROM sentences WHERE request_id='r1'").fetchone()[0] == 2
+    with pytest.raises(LogWriteError, match="UNIQUE"):  # the same request id twice: nothing half-written
+        rl.write("r1", ts=time.time(), model={}, beam_size=1, sources=["c"], source_tokens=[1], output_tokens=[1], outputs=["c"])
+    assert db.execute("SELECT count(*) FROM sentences").fetchone()[0] == 2
+    old = time.time() - 40 * 86400
+    rl.write("old", ts=old, model={}, beam_size=1, sources=["c"], source_tokens=[1], output_tokens=[1], outputs=["c"])
+    assert rl.prune(30) == 1
+    assert db.execute("SELECT count(*) FROM requests").fetchone()[0] == 1
+    rl.close()
+
+
+def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world):
+    tr = load_bundle(world["ct2"])[0]
+    units = tr.prepare(world["en"][:16], OPTIONS).units
+    sizes: list[int] = []
+
+    class Poisoned:  # a translator that fails on one specific request's units only
+        def __init__(self, inner):
+            self.inner = inner
+
+        def translate_ids(self, sources, options):
+            if any(len(s) == 1 for s in sources):
+                raise RuntimeError("poisoned unit")
+            return self.inner.translate_ids(sources, options)
+
+    bad_model = ServedModel(Poisoned(tr), OPTIONS, "m", "1", "x")
+
+    async def main():
+        b = MicroBatcher(max_batch=64, max_wait_s=0.05, workers=1, observe=sizes.append)
+        b.start()
+        good = [b.submit(bad_model, [u], OPTIONS) for u in units]
+        bad = b.submit(bad_model, [np.asarray([3])], OPTIONS)  # EOS only: the poisoned request
+        res = await asyncio.gather(*good, bad, return_exceptions=True)
+        await b.stop()
+        return res
+
+    res = asyncio.run(main())
+    assert isinstance(res[-1], RuntimeError)
+    assert [r[0] for r in res[:-1]] == tr.translate_ids(units, OPTIONS)
+    assert sizes[0] == 17  # all 17 requests arrived within max_wait: one merged batch (then isolated)
+
+
+# --------------------------------------------------------------------------- the service
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``create_app(cfg)`` under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        import uvicorn
+
+        self.app = create_app(cfg)
+        self.url = f"http://127.0.0.1:{cfg.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=cfg.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def service(world, tmp_path):
+    cfg = ServeConfig(bundle=world["ct2"], port=_free_port(), log_path=tmp_path / "requests.db", max_sentences=8,
+                      max_body_bytes=4096, max_wait_ms=20, poll_s=0)
+    with Server(cfg) as s:
+        yield s, cfg
+
+
+def test_translate_happy_path_health_metadata_metrics(world, service):
+    s, cfg = service
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.get("/health").json() == {"status": "alive"}
+        assert c.get("/ready").status_code == 200
+        src = world["en"][:3] + [""]
+        r = c.post("/translate", json={"sentences": src})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["translations"] == load_bundle(world["ct2"])[0].translate(src, OPTIONS)
+        assert body["model"] == {"name": "aiayn-test", "version": "local", "variant": "ct2-float32"}
+        r1 = c.post("/translate", json={"sentences": src[:1], "beam_size": 1})
+        assert r1.json()["translations"] == world["model"].translate(src[:1], DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6))
+        assert c.get("/metadata").json()["card"]["variant"] == "ct2-float32"
+        m = c.get("/metrics").text
+        assert 'aiayn_requests_total{status="200"} 2.0' in m and "aiayn_request_latency_seconds_bucket" in m
+        assert "aiayn_batch_sentences_count" in m and "aiayn_tokens_out_total" in m
+    db = sqlite3.connect(cfg.log_path)
+    rows = db.execute("SELECT source FROM sentences JOIN requests USING (request_id) ORDER BY requests.ts, idx").fetchall()
+    assert [r[0] for r in rows] == src + src[:1]
+
+
+@pytest.mark.parametrize("kwargs, status, needle", [
+    ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not valid JSON"),
+    ({"content": b"\xff\xfe", "headers": {"content-type": "application/json"}}, 400, "not UTF-8"),
+    ({"json": ["a man"]}, 400, "JSON object"),
+    ({"json": {"text": ["a"]}}, 422, "unknown field"),
+    ({"json": {}}, 422, "missing field 'sentences'"),
+    ({"json": {"sentences": "a man"}}, 422, "must be a list"),
+    ({"json": {"sentences": []}}, 422, "empty"),
+    ({"json": {"sentences": ["a", 3]}}, 422, "'sentences'[1] must be a string"),
+    ({"json": {"sentences": ["a"] * 9}}, 422, "over the limit of 8"),
+    ({"json": {"sentences": ["a"], "beam_size": 0}}, 422, "beam_size"),
+    ({"json": {"sentences": ["a"], "beam_size": "4"}}, 422, "beam_size"),
+    ({"json": {"sentences": ["a man " * 1000]}}, 413, "over the limit"),
+    ({"content": b'{"sentences": ["a"]}', "headers": {"content-type": "text/plain"}}, 415, "application/json"),
+])  # fmt: skip
+def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(service, kwargs, status, needle):
+    s, cfg = service
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.post("/translate", **kwargs)
+        assert r.status_code == status, r.text
+        assert needle in r.json()["detail"]
+        assert c.post("/translate", json={"sentences": ["a man"]}).status_code == 200  # still serving
+    assert sqlite3.connect(cfg.log_path).execute("SELECT count(*) FROM requests").fetchone()[0] == 1
+
+
+def test_an_unwritable_log_fails_the_request_with_503(service):
+    s, cfg = service
+    s.app.state.aiayn.log._db.execute("PRAGMA query_only=ON")  # a real SQLite write failure
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.post("/translate", json={"sentences": ["a man"]})
+    assert r.status_code == 503 and "request log" in r.json()["detail"]
+
+
+def test_concurrent_clients_one_invalid_and_every_answer_logged(world, service):
+    s, cfg = service
+    sentences = world["en"]
+    want = dict(zip(sentences, load_bundle(world["ct2"])[0].translate(sentences, OPTIONS)))
+
+    def client(i: int):
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            if i == 5:
+                return c.post("/translate", json={"sentences": ["a", None]})
+            batch = [sentences[(i + k) % len(sentences)] for k in range(1 + i % 4)]
+            return c.post("/translate", json={"sentences": batch}), batch
+
+    n = 100
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(client, range(n)))
+    assert results[5].status_code == 422
+    answered = [(r, b) for r, b in (x for i, x in enumerate(results) if i != 5)]
+    assert all(r.status_code == 200 for r, _ in answered), [r.text for r, _ in answered if r.status_code != 200][:3]
+    for r, batch in answered:
+        assert r.json()["translations"] == [want[x] for x in batch]
+    db = sqlite3.connect(cfg.log_path)
+    ids = [row[0] for row in db.execute("SELECT request_id FROM requests")]
+    assert len(ids) == n - 1 == len(set(ids))
+    assert db.execute("SELECT count(*) FROM sentences").fetchone()[0] == sum(len(b) for _, b in answered)
+    assert {r.json()["request_id"] for r, _ in answered} == set(ids)
+    m = httpx.get(f"{s.url}/metrics").text
+    batches = float(next(line.split()[-1] for line in m.splitlines() if line.startswith("aiayn_batch_sentences_count")))
+    assert batches < n - 1  # requests were merged into micro-batches
+
+
+def test_served_version_follows_the_alias(world, registry, tmp_path):
+    cfg = ServeConfig(model_uri="models:/aiayn-en-de@champion", tracking_uri=registry["store"], port=_free_port(),
+                      log_path=tmp_path / "requests.db", poll_s=0.3)
+    with Server(cfg) as s, httpx.Client(base_url=s.url, timeout=30) as c:
+        assert c.post("/translate", json={"sentences": ["a man"]}).json()["model"]["version"] == "1"
+        _register(registry["store"], registry["root"], world["eager"], 31.0)  # better: becomes champion (v3)
+        deadline = time.monotonic() + 30
+        while c.get("/ready").json()["model"]["version"] != "3":
+            assert time.monotonic() < deadline, "the alias move was not picked up"
+            time.sleep(0.1)
+        r = c.post("/translate", json={"sentences": ["a man"]}).json()
+        assert r["model"] == {"name": "aiayn-en-de", "version": "3", "variant": EAGER}
+    rows = sqlite3.connect(cfg.log_path).execute("SELECT model_version FROM requests ORDER BY ts").fetchall()
+    assert [r[0] for r in rows] == ["1", "3"]
+
+
+def test_unreachable_registry_stops_serve_with_a_message(tmp_path):
+    from aiayn.tracking.registry import RegistryError
+
+    cfg = ServeConfig(tracking_uri=f"http://127.0.0.1:{_free_port()}", log_path=tmp_path / "r.db", poll_s=0)
+    with pytest.raises(RegistryError, match="unreachable"):
+        create_app(cfg)
+
+
+def test_export_stage_builds_the_bundle_and_registers_it(world, tmp_path, monkeypatch):
+    from aiayn.stages import evaluate, export, quantize
+
+    monkeypatch.setenv("AIAYN_TRACKING", "0")
+    layout = tiny.project(tmp_path, world["tok"])
+    params = params_from_dict({"data": {"test_splits": ["test_a", "test_b"]}, "evaluate": {"beam_size": 1, "max_len_b": 8},
+                               "quantize": {"variants": ["ct2-float32", "ct2-int8"], "gate_split": "test_a",
+                                            "calibration_sentences": 8, "score_check_sentences": 4,
+                                            "layer_attribution": False, "throughput": False}})
+    evaluate.run(params, layout)
+    quantize.run(params, layout)
+    out = export.run(params, layout)
+    chosen = json.loads((layout.quantized / "serving.json").read_text())["variant"]  # the quantize gate's pick
+    assert chosen in ("ct2-int8", "ct2-float32")
+    assert out["variant"] == chosen and out["registered"] is None  # tracking off: nothing registered
+    card = json.loads((layout.export / "model_card.json").read_text())
+    assert card["variant"] == chosen and card["scores"]["test_a"]["bleu_signature"].startswith("nrefs:1")
+    report = json.loads((layout.quantized / "report.json").read_text())
+    assert card["scores"]["test_a"]["bleu"] == report["variants"][chosen]["scores"]["test_a"]["bleu"]
+    assert card["provenance"]["seed"] == 1 and card["max_source_tokens"] > 0
+    tr, info = load_bundle(layout.export)
+    assert info["runtime"] == "ctranslate2" and info["compute_type"] == chosen.removeprefix("ct2-")
+    assert len(tr.translate(["a man", ""], DecodeOptions(beam_size=1, max_len_b=8))) == 2

@@ -1,0 +1,143 @@
+"""Real serving processes on free loopback ports: MLflow's own scoring server on the registered
+champion (``mlflow models serve``), and ``aiayn serve``'s graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("ctranslate2")
+
+import tiny  # noqa: E402
+from aiayn.export import build_bundle, load_bundle  # noqa: E402
+from aiayn.quantize.converter import AiaynConverter  # noqa: E402
+from aiayn.translate import DecodeOptions, Translator  # noqa: E402
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+BIN = Path(sys.executable).parent
+OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
+CARD = {"name": "aiayn-en-de", "description": "tiny", "why": "test", "scores": {}, "provenance": {}, "params": {},
+        "limits": []}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serving")
+    tok = tiny.tokenizer(root)
+    layout = tiny.project(root / "proj", tok)
+    model = Translator.from_dir(layout.model, device="cpu")
+    AiaynConverter(model.model, tok).convert(str(root / "ct2"), quantization="float32", force=True)
+    bundle = build_bundle(root / "bundle", model_dir=layout.model, variant="ct2-float32", variant_dir=root / "ct2",
+                          compute_type="float32", decode=OPTIONS, card=CARD)
+    store = f"sqlite:///{root / 'mlflow.db'}"
+    from aiayn.tracking import Tracker
+    from aiayn.tracking.registry import register_translation_model
+
+    with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
+        assert register_translation_model(t, bundle, name="aiayn-en-de", variant="ct2-float32", gate_split="test_a",
+                                          bleu=1.0, example=["a man"])["alias"] == "champion"
+    return {"root": root, "bundle": bundle, "store": store, "en": tiny.corpus(12, 3)[0]}
+
+
+def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"server not up after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def test_mlflow_models_serve_answers_every_payload_shape_in_order(world):
+    port = _free_port()
+    env = os.environ | {"MLFLOW_TRACKING_URI": world["store"], "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    log = world["root"] / "mlflow-serve.log"
+    proc = subprocess.Popen([str(BIN / "mlflow"), "models", "serve", "-m", "models:/aiayn-en-de@champion",
+                             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+                            env=env, cwd=world["root"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        _wait(f"http://127.0.0.1:{port}/ping", proc, log)
+        src = world["en"]
+        want = load_bundle(world["bundle"])[0].translate(src, OPTIONS)
+        url = f"http://127.0.0.1:{port}/invocations"
+        payloads = [{"inputs": src},
+                    {"dataframe_split": {"columns": ["sentence"], "data": [[s] for s in src]}},
+                    {"dataframe_records": [{"sentence": s} for s in src]}]
+        for body in payloads:
+            r = httpx.post(url, json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["predictions"] == want, body
+        for wrong in ({"inputs": {"x": [1]}}, {"inputs": []}, {"sentences": src}):  # a 400 naming the problem, not a 500
+            bad = httpx.post(url, json=wrong, timeout=60)
+            assert bad.status_code == 400, (wrong, bad.status_code, bad.text)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_mlflow_models_serve_without_a_reachable_registry_exits_with_a_message(world):
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{_free_port()}", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([str(BIN / "mlflow"), "models", "serve", "-m", "models:/aiayn-en-de@champion",
+                           "--env-manager", "local", "-p", str(_free_port())],
+                          env=env, cwd=world["root"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "Connection" in proc.stderr or "connect" in proc.stderr.lower(), proc.stderr[-2000:]
+    # and `aiayn serve` says it in one line
+    proc = subprocess.run([str(BIN / "aiayn"), "serve", "--port", str(_free_port()), "--log-path",
+                           str(world["root"] / "x.db")], env=env, cwd=world["root"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "unreachable" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path):
+    port = _free_port()
+    log_db = tmp_path / "requests.db"
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([str(BIN / "aiayn"), "serve", "--bundle", str(world["bundle"]), "--port", str(port),
+                             "--log-path", str(log_db), "--poll-s", "0", "--max-wait-ms", "1000"],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(f"{url}/ready", proc, log, timeout=120)
+
+        def one(i: int) -> httpx.Response:
+            return httpx.post(f"{url}/translate", json={"sentences": world["en"][i : i + 3]}, timeout=60)
+
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(one, i) for i in range(8)]
+            time.sleep(0.3)  # the requests wait in the 1 s batching window
+            proc.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in futures]
+        assert [a.status_code for a in answers] == [200] * 8
+        assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful shutdown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rows = sqlite3.connect(log_db).execute("SELECT count(*) FROM requests").fetchone()[0]
+    assert rows == 8
+    assert not Path(str(log_db) + "-wal").exists() or Path(str(log_db) + "-wal").stat().st_size == 0
+    assert json.loads(answers[0].text)["translations"] == load_bundle(world["bundle"])[0].translate(world["en"][0:3], OPTIONS)

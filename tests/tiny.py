@@ -1,0 +1,64 @@
+"""A tiny En->De world for tests: a toy parallel corpus, a sentencepiece model trained on it, small
+random Transformers and a project folder laid out like the pipeline's (``aiayn.stages.Layout``)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoint import save_model
+from aiayn.config import TokenizerConfig, model_preset
+from aiayn.model import Transformer
+from aiayn.quantize.eager import eager_translate_ids
+from aiayn.stages import Layout
+from aiayn.tokenizer import Tokenizer, train_tokenizer
+from aiayn.translate import DecodeOptions, Translator
+
+WORDS = "a man woman dog cat runs jumps in the park street red blue big small two three children play with ball".split()
+GERMAN = dict(zip(WORDS, "ein Mann Frau Hund Katze rennt springt im der Park Strasse rot blau gross klein zwei drei Kinder spielen mit Ball".split()))
+
+
+def corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
+    """``n`` random English word strings and their word-by-word German."""
+    rng = random.Random(seed)
+    en = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(n)]
+    return en, [" ".join(GERMAN[w] for w in s.split()) for s in en]
+
+
+def tokenizer(folder: Path) -> Tokenizer:
+    """A 120-piece sentencepiece model trained on ``corpus(400, 0)``, written under ``folder``."""
+    en, de = corpus(400, 0)
+    (folder / "t.txt").write_text("\n".join(en + de) + "\n")
+    return Tokenizer.load(train_tokenizer([folder / "t.txt"], folder / "spm", TokenizerConfig(vocab_size=120)))
+
+
+def model(tok: Tokenizer, **kw) -> Transformer:
+    """A small random (seed 0) post-norm Transformer over ``tok``'s vocabulary, in eval mode."""
+    torch.manual_seed(0)
+    cfg = model_preset("tiny", **{"vocab_size": tok.vocab_size, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 2,
+                                  "max_positions": 320, **kw})
+    return Transformer(cfg).eval()
+
+
+def project(root: Path, tok: Tokenizer, norm: str = "post") -> Layout:
+    """Prepared splits (train/val/test_a/test_b) and a model bundle under ``root``; test_a's references
+    are the model's own greedy output, so the eager model scores BLEU 100 on it."""
+    layout = Layout(root)
+    prep = layout.prepared
+    prep.mkdir(parents=True)
+    for split, (n, seed) in {"train": (64, 10), "val": (16, 11), "test_a": (24, 12), "test_b": (12, 13)}.items():
+        en, de = corpus(n, seed)
+        (prep / f"{split}.en").write_text("\n".join(en) + "\n")
+        (prep / f"{split}.de").write_text("\n".join(de) + "\n")
+    m = model(tok, norm=norm)
+    layout.model.mkdir(parents=True)
+    save_model(layout.model / "model.safetensors", m.state_dict())
+    (layout.model / "model.json").write_text(json.dumps({"model": m.cfg.model_dump(mode="json"), "seed": 1, "data_seed": 1}))
+    (layout.model / "spm.model").write_bytes(Path(tok.source).read_bytes())
+    ids = eager_translate_ids(m, Translator(m, tok).encode((prep / "test_a.en").read_text().splitlines()),
+                              DecodeOptions(beam_size=1, max_len_b=8))
+    (prep / "test_a.de").write_text("\n".join(tok.decode(ids)) + "\n")
+    return layout
