@@ -194,6 +194,17 @@ def _train_tokens_per_s(root: Path) -> tuple[float, float]:
     return run.data.metrics["train_tokens_per_s"], run.data.metrics["train_seconds"]
 
 
+def _train_run_count(root: Path) -> int:
+    """Number of ``train`` stage runs in ``root``'s MLflow store (0 before the first)."""
+    from mlflow.tracking import MlflowClient
+
+    if not (root / "mlflow.db").exists():
+        return 0
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return len(client.search_runs(exps, "tags.`aiayn.stage` = 'train'", max_results=1000))
+
+
 def bench_train_in_pipeline(work: Path, params_path: str, steps: int, rounds: int, mirror: str) -> str:
     """Markdown table: the train stage alone (``aiayn train``) vs inside ``python -m pipelines.pipeline``."""
     import yaml
@@ -216,10 +227,17 @@ def bench_train_in_pipeline(work: Path, params_path: str, steps: int, rounds: in
     rows: dict[str, list[tuple[float, float, float]]] = {"alone": [], "pipeline": []}
     for r in range(rounds):
         pair = [("alone", [str(VENV_BIN / "aiayn"), "train", "--root", str(root)]), ("pipeline", pipeline)]
-        for name, cmd in pair if r % 2 == 0 else pair[::-1]:
+        for k, (name, cmd) in enumerate(pair if r % 2 == 0 else pair[::-1]):
             for out in ("model", "checkpoints"):
                 shutil.rmtree(root / "artifacts" / out, ignore_errors=True)
+            # a new `train.max_time_s` (far above what 'steps' take: never reached) makes DVC's train stage
+            # stale, so the pipeline really trains instead of restoring the model from the DVC cache
+            raw["train"]["max_time_s"] = 100_000 + 2 * r + k
+            (root / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+            before = _train_run_count(root)
             wall = _timed(lambda c=cmd: run(c))
+            if _train_run_count(root) != before + 1:
+                raise RuntimeError(f"round {r} {name}: no new train run was recorded (did DVC skip the stage?)")
             tps, secs = _train_tokens_per_s(root)
             rows[name].append((tps, secs, wall))
             print(f"round {r} train {name:9s} {tps:8.0f} tok/s  loop {secs:7.1f} s  process {wall:7.1f} s", file=sys.stderr)

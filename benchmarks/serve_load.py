@@ -42,9 +42,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def requests_for(lines: list[str], n: int, seed: int) -> list[list[str]]:
+def requests_for(lines: list[str], n: int, seed: int, most: int = 8) -> list[list[str]]:
+    """``n`` requests of 1..``most`` sentences drawn from ``lines`` (fixed seed)."""
     rng = random.Random(seed)
-    return [[rng.choice(lines) for _ in range(rng.randint(1, 8))] for _ in range(n)]
+    return [[rng.choice(lines) for _ in range(rng.randint(1, most))] for _ in range(n)]
 
 
 async def run_clients(url: str, reqs: list[list[str]], clients: int) -> tuple[float, list[float]]:
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", type=Path, default=REPO / "artifacts" / "export")
     ap.add_argument("--sources", type=Path, default=REPO / "artifacts" / "prepared" / "test_2016_flickr.en")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 100])
+    ap.add_argument("--most", type=int, default=8, help="sentences per request: 1..MOST")
     ap.add_argument("--requests", type=int, default=120, help="requests per client count and round (at least 2 per client)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-batch-sentences", type=int, default=32)
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             svc, drc, lat_all = [], [], []
             n = max(args.requests, 2 * clients)
             for r in range(args.rounds):
-                reqs = requests_for(lines, n, 1000 * clients + r)
+                reqs = requests_for(lines, n, 1000 * clients + r, args.most)
                 order = ("service", "direct") if r % 2 == 0 else ("direct", "service")
                 for side in order:
                     if side == "service":
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios = [a / b for a, b in zip(svc, drc)]
             rows.append((clients, svc, drc, ratios, lat_all))
         single = direct_latency(translator, options, lines[:100])
-        same = direct_request_latency(translator, options, requests_for(lines, max(args.requests, 2), 1000))
+        same = direct_request_latency(translator, options, requests_for(lines, max(args.requests, 2), 1000, args.most))
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
 
-    print(f"Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
+    print(f"Requests of 1-{args.most} sentences. Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
           f"decode {info['decode']}; service: max batch {args.max_batch_sentences} sentences, max wait "
           f"{args.max_wait_ms} ms, workers {args.workers}, threads {args.threads}; {args.rounds} alternating rounds.\n")
     print("| clients | service sent/s (min-max) | direct batch sent/s (min-max) | service / direct (min-max) | p50 ms | p95 ms | p99 ms |")
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(drc):.1f} ({min(drc):.1f}-{max(drc):.1f}) | "
               f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
               f"{pct(lat, 50):.0f} | {pct(lat, 95):.0f} | {pct(lat, 99):.0f} |")
-    print(f"\nDirect, one call per request of the 1-client row's first round ({len(same)} requests of 1-8 sentences): "
+    print(f"\nDirect, one call per request of the 1-client row's first round ({len(same)} requests of 1-{args.most} sentences): "
           f"p50 {pct(same, 50):.1f} ms, p95 {pct(same, 95):.1f} ms, p99 {pct(same, 99):.1f} ms.")
     print(f"Direct single-sentence latency (100 sentences, one call each): p50 {pct(single, 50):.1f} ms, "
           f"p95 {pct(single, 95):.1f} ms, p99 {pct(single, 99):.1f} ms.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sqlite3
 import threading
 import time
@@ -23,13 +22,11 @@ import tiny  # noqa: E402
 from aiayn.config import params_from_dict  # noqa: E402
 from aiayn.export import EAGER, BundleError, build_bundle, load_bundle, read_bundle_info, sentences_from_input  # noqa: E402
 from aiayn.tracking.registry import CHALLENGER, CHAMPION, choose_alias, register_translation_model  # noqa: E402
-from aiayn.quantize.converter import AiaynConverter  # noqa: E402
 from aiayn.serve import LogWriteError, MicroBatcher, RequestLog, ServeConfig, ServedModel, create_app  # noqa: E402
 from aiayn.translate import DecodeOptions, Translator  # noqa: E402
 
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
-CARD = {"name": "aiayn-test", "description": "tiny", "why": "test", "scores": {"test_a": {"bleu": 1.0, "chrf": 2.0}},
-        "provenance": {}, "params": {}, "limits": ["tiny"]}
+CARD = tiny.CARD
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +36,7 @@ def world(tmp_path_factory):
     tok = tiny.tokenizer(root)
     layout = tiny.project(root / "proj", tok)
     model = Translator.from_dir(layout.model, device="cpu")
-    AiaynConverter(model.model, tok).convert(str(root / "ct2-float32"), quantization="float32", force=True)
-    ct2 = build_bundle(root / "bundle-ct2", model_dir=layout.model, variant="ct2-float32", variant_dir=root / "ct2-float32",
-                       compute_type="float32", decode=OPTIONS, card=CARD)
+    ct2 = tiny.ct2_bundle(root, layout, tok, OPTIONS)
     eager = build_bundle(root / "bundle-eager", model_dir=layout.model, variant=EAGER, variant_dir=None,
                          compute_type=None, decode=OPTIONS, card=CARD)
     en, _ = tiny.corpus(40, 7)
@@ -220,12 +215,6 @@ def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world
 # --------------------------------------------------------------------------- the service
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """``create_app(cfg)`` under uvicorn in a thread, on a free loopback port."""
 
@@ -252,7 +241,7 @@ class Server:
 
 @pytest.fixture
 def service(world, tmp_path):
-    cfg = ServeConfig(bundle=world["ct2"], port=_free_port(), log_path=tmp_path / "requests.db", max_sentences=8,
+    cfg = ServeConfig(bundle=world["ct2"], port=tiny.free_port(), log_path=tmp_path / "requests.db", max_sentences=8,
                       max_body_bytes=4096, max_wait_ms=20, poll_s=0)
     with Server(cfg) as s:
         yield s, cfg
@@ -344,7 +333,7 @@ def test_concurrent_clients_one_invalid_and_every_answer_logged(world, service):
 
 
 def test_served_version_follows_the_alias(world, registry, tmp_path):
-    cfg = ServeConfig(model_uri="models:/aiayn-en-de@champion", tracking_uri=registry["store"], port=_free_port(),
+    cfg = ServeConfig(model_uri="models:/aiayn-en-de@champion", tracking_uri=registry["store"], port=tiny.free_port(),
                       log_path=tmp_path / "requests.db", poll_s=0.3)
     with Server(cfg) as s, httpx.Client(base_url=s.url, timeout=30) as c:
         assert c.post("/translate", json={"sentences": ["a man"]}).json()["model"]["version"] == "1"
@@ -362,7 +351,7 @@ def test_served_version_follows_the_alias(world, registry, tmp_path):
 def test_unreachable_registry_stops_serve_with_a_message(tmp_path):
     from aiayn.tracking.registry import RegistryError
 
-    cfg = ServeConfig(tracking_uri=f"http://127.0.0.1:{_free_port()}", log_path=tmp_path / "r.db", poll_s=0)
+    cfg = ServeConfig(tracking_uri=f"http://127.0.0.1:{tiny.free_port()}", log_path=tmp_path / "r.db", poll_s=0)
     with pytest.raises(RegistryError, match="unreachable"):
         create_app(cfg)
 
@@ -390,3 +379,22 @@ def test_export_stage_builds_the_bundle_and_registers_it(world, tmp_path, monkey
     tr, info = load_bundle(layout.export)
     assert info["runtime"] == "ctranslate2" and info["compute_type"] == chosen.removeprefix("ct2-")
     assert len(tr.translate(["a man", ""], DecodeOptions(beam_size=1, max_len_b=8))) == 2
+
+
+@pytest.mark.slow
+def test_500_requests_at_concurrency_32_leave_exactly_500_log_rows(world, service):
+    s, cfg = service
+    sentences = world["en"]
+
+    def client(i: int) -> str:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            r = c.post("/translate", json={"sentences": [sentences[i % len(sentences)]]})
+            assert r.status_code == 200, r.text
+            return r.json()["request_id"]
+
+    with ThreadPoolExecutor(32) as pool:
+        ids = list(pool.map(client, range(500)))
+    db = sqlite3.connect(cfg.log_path)
+    rows = [r[0] for r in db.execute("SELECT request_id FROM requests")]
+    assert len(rows) == 500 == len(set(rows)) and set(rows) == set(ids)
+    assert db.execute("SELECT count(*) FROM sentences").fetchone()[0] == 500

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,22 +19,13 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 import tiny  # noqa: E402
-from aiayn.export import build_bundle, load_bundle  # noqa: E402
-from aiayn.quantize.converter import AiaynConverter  # noqa: E402
-from aiayn.translate import DecodeOptions, Translator  # noqa: E402
+from aiayn.export import load_bundle  # noqa: E402
+from aiayn.translate import DecodeOptions  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
-CARD = {"name": "aiayn-en-de", "description": "tiny", "why": "test", "scores": {}, "provenance": {}, "params": {},
-        "limits": []}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +33,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("serving")
     tok = tiny.tokenizer(root)
     layout = tiny.project(root / "proj", tok)
-    model = Translator.from_dir(layout.model, device="cpu")
-    AiaynConverter(model.model, tok).convert(str(root / "ct2"), quantization="float32", force=True)
-    bundle = build_bundle(root / "bundle", model_dir=layout.model, variant="ct2-float32", variant_dir=root / "ct2",
-                          compute_type="float32", decode=OPTIONS, card=CARD)
+    bundle = tiny.ct2_bundle(root, layout, tok, OPTIONS)
     store = f"sqlite:///{root / 'mlflow.db'}"
     from aiayn.tracking import Tracker
     from aiayn.tracking.registry import register_translation_model
@@ -72,7 +59,7 @@ def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> 
 
 
 def test_mlflow_models_serve_answers_every_payload_shape_in_order(world):
-    port = _free_port()
+    port = tiny.free_port()
     env = os.environ | {"MLFLOW_TRACKING_URI": world["store"], "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     log = world["root"] / "mlflow-serve.log"
     proc = subprocess.Popen([str(BIN / "mlflow"), "models", "serve", "-m", "models:/aiayn-en-de@champion",
@@ -99,22 +86,22 @@ def test_mlflow_models_serve_answers_every_payload_shape_in_order(world):
 
 
 def test_mlflow_models_serve_without_a_reachable_registry_exits_with_a_message(world):
-    env = os.environ | {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{_free_port()}", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{tiny.free_port()}", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
                         "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run([str(BIN / "mlflow"), "models", "serve", "-m", "models:/aiayn-en-de@champion",
-                           "--env-manager", "local", "-p", str(_free_port())],
+                           "--env-manager", "local", "-p", str(tiny.free_port())],
                           env=env, cwd=world["root"], capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
     assert "Connection" in proc.stderr or "connect" in proc.stderr.lower(), proc.stderr[-2000:]
     # and `aiayn serve` says it in one line
-    proc = subprocess.run([str(BIN / "aiayn"), "serve", "--port", str(_free_port()), "--log-path",
+    proc = subprocess.run([str(BIN / "aiayn"), "serve", "--port", str(tiny.free_port()), "--log-path",
                            str(world["root"] / "x.db")], env=env, cwd=world["root"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "unreachable" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path):
-    port = _free_port()
+    port = tiny.free_port()
     log_db = tmp_path / "requests.db"
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([str(BIN / "aiayn"), "serve", "--bundle", str(world["bundle"]), "--port", str(port),

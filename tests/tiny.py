@@ -62,3 +62,27 @@ def project(root: Path, tok: Tokenizer, norm: str = "post") -> Layout:
                               DecodeOptions(beam_size=1, max_len_b=8))
     (prep / "test_a.de").write_text("\n".join(tok.decode(ids)) + "\n")
     return layout
+
+
+CARD = {"name": "aiayn-test", "description": "tiny", "why": "test", "scores": {"test_a": {"bleu": 1.0, "chrf": 2.0}},
+        "provenance": {}, "params": {}, "limits": ["tiny"]}
+
+
+def ct2_bundle(root: Path, layout: Layout, tok: Tokenizer, decode: DecodeOptions, name: str = "bundle-ct2") -> Path:
+    """A serving bundle (``aiayn.export``) of ``layout``'s model converted to CTranslate2 float32."""
+    from aiayn.export import build_bundle
+    from aiayn.quantize.converter import AiaynConverter
+
+    model = Translator.from_dir(layout.model, device="cpu")
+    AiaynConverter(model.model, tok).convert(str(root / f"{name}-ct2"), quantization="float32", force=True)
+    return build_bundle(root / name, model_dir=layout.model, variant="ct2-float32", variant_dir=root / f"{name}-ct2",
+                        compute_type="float32", decode=decode, card=CARD)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
