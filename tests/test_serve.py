@@ -111,7 +111,7 @@ def _register(store: str, root: Path, bundle: Path, bleu: float) -> dict:
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
         variant = read_bundle_info(bundle)["variant"]
         out = register_translation_model(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,
-                                         example=["a man"])
+                                         example=["a man"], provenance={"git_commit": "c0ffee", "git_dirty": False})
     assert out is not None, "registration failed (see the warning)"
     return out
 
@@ -136,7 +136,7 @@ def test_registry_aliases_follow_the_bleu_rule(world, registry):
     assert str(client.get_model_version_by_alias("aiayn-en-de", CHAMPION).version) == "1"
     assert str(client.get_model_version_by_alias("aiayn-en-de", CHALLENGER).version) == "2"
     mv = client.get_model_version("aiayn-en-de", "2")
-    assert mv.tags["variant"] == EAGER and float(mv.tags["bleu.test_a"]) == 29.0
+    assert mv.tags["variant"] == EAGER and float(mv.tags["bleu.test_a"]) == 29.0 and mv.tags["git_commit"] == "c0ffee"
 
 
 def test_pyfunc_model_answers_a_list_and_a_frame_alike_and_refuses_wrong_types(world, registry):
@@ -239,10 +239,22 @@ class Server:
         self.thread.join(30)
 
 
+def _service_config(world, folder: Path) -> ServeConfig:
+    return ServeConfig(bundle=world["ct2"], port=tiny.free_port(), log_path=folder / "requests.db", max_sentences=8,
+                       max_body_bytes=4096, max_request_tokens=200, max_wait_ms=20, poll_s=0)
+
+
 @pytest.fixture
 def service(world, tmp_path):
-    cfg = ServeConfig(bundle=world["ct2"], port=tiny.free_port(), log_path=tmp_path / "requests.db", max_sentences=8,
-                      max_body_bytes=4096, max_wait_ms=20, poll_s=0)
+    cfg = _service_config(world, tmp_path)
+    with Server(cfg) as s:
+        yield s, cfg
+
+
+@pytest.fixture(scope="module")
+def shared_service(world, tmp_path_factory):
+    """One server for the many bad-request cases (each checks it is still serving afterwards)."""
+    cfg = _service_config(world, tmp_path_factory.mktemp("shared"))
     with Server(cfg) as s:
         yield s, cfg
 
@@ -282,16 +294,20 @@ def test_translate_happy_path_health_metadata_metrics(world, service):
     ({"json": {"sentences": ["a"], "beam_size": 0}}, 422, "beam_size"),
     ({"json": {"sentences": ["a"], "beam_size": "4"}}, 422, "beam_size"),
     ({"json": {"sentences": ["a man " * 1000]}}, 413, "over the limit"),
+    ({"json": {"sentences": ["dog " * 300]}}, 422, "source tokens"),
     ({"content": b'{"sentences": ["a"]}', "headers": {"content-type": "text/plain"}}, 415, "application/json"),
 ])  # fmt: skip
-def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(service, kwargs, status, needle):
-    s, cfg = service
+def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(shared_service, kwargs, status, needle):
+    s, cfg = shared_service
+    count = lambda: sqlite3.connect(cfg.log_path).execute("SELECT count(*) FROM requests").fetchone()[0]  # noqa: E731
+    before = count()
     with httpx.Client(base_url=s.url, timeout=30) as c:
         r = c.post("/translate", **kwargs)
         assert r.status_code == status, r.text
         assert needle in r.json()["detail"]
+        assert count() == before  # the refused request left no row
         assert c.post("/translate", json={"sentences": ["a man"]}).status_code == 200  # still serving
-    assert sqlite3.connect(cfg.log_path).execute("SELECT count(*) FROM requests").fetchone()[0] == 1
+    assert count() == before + 1
 
 
 def test_an_unwritable_log_fails_the_request_with_503(service):
@@ -344,6 +360,13 @@ def test_served_version_follows_the_alias(world, registry, tmp_path):
             time.sleep(0.1)
         r = c.post("/translate", json={"sentences": ["a man"]}).json()
         assert r["model"] == {"name": "aiayn-en-de", "version": "3", "variant": EAGER}
+        # the registered copy's card names the commit; the bundle on disk (a DVC output) does not
+        assert c.get("/metadata").json()["card"]["provenance"]["git_commit"] == "c0ffee"
+        assert "git_commit" not in json.loads((world["eager"] / "model_card.json").read_text())["provenance"]
+        deadline = time.monotonic() + 10  # the old version's download is deleted after the swap
+        while len(list(Path(s.app.state.aiayn.tmp.name).iterdir())) != 1:
+            assert time.monotonic() < deadline, list(Path(s.app.state.aiayn.tmp.name).iterdir())
+            time.sleep(0.05)
     rows = sqlite3.connect(cfg.log_path).execute("SELECT model_version FROM requests ORDER BY ts").fetchall()
     assert [r[0] for r in rows] == ["1", "3"]
 
@@ -376,6 +399,7 @@ def test_export_stage_builds_the_bundle_and_registers_it(world, tmp_path, monkey
     report = json.loads((layout.quantized / "report.json").read_text())
     assert card["scores"]["test_a"]["bleu"] == report["variants"][chosen]["scores"]["test_a"]["bleu"]
     assert card["provenance"]["seed"] == 1 and card["max_source_tokens"] > 0
+    assert "git_commit" not in card["provenance"]  # deterministic bytes: the commit goes to the registry copy
     tr, info = load_bundle(layout.export)
     assert info["runtime"] == "ctranslate2" and info["compute_type"] == chosen.removeprefix("ct2-")
     assert len(tr.translate(["a man", ""], DecodeOptions(beam_size=1, max_len_b=8))) == 2

@@ -281,6 +281,7 @@ def serve(
     threads: Annotated[int, typer.Option(help="CTranslate2 workers per batch (one thread each) / torch threads (eager bundle).")] = 1,
     max_sentences: Annotated[int, typer.Option(help="Sentences per request (more: 422).")] = 64,
     max_body_bytes: Annotated[int, typer.Option(help="Request body limit in bytes (more: 413).")] = 256 * 1024,
+    max_request_tokens: Annotated[int, typer.Option(help="Source tokens per request after tokenization (more: 422).")] = 2048,
     poll_s: Annotated[float, typer.Option(help="Registry alias polling interval in seconds (0: never).")] = 30.0,
     log_path: Annotated[Path, typer.Option(help="SQLite request log (WAL), read by the drift monitor.")] = Path("serving/requests.db"),
     retention_days: Annotated[float, typer.Option(help="Delete logged requests older than this (days).")] = 30.0,
@@ -295,7 +296,8 @@ def serve(
         raise typer.Exit(2)
     cfg = ServeConfig(bundle=bundle, model_uri=model_uri, tracking_uri=tracking_uri, host=host, port=port,
                       max_batch_sentences=max_batch_sentences, max_wait_ms=max_wait_ms, workers=workers,
-                      threads=threads, max_sentences=max_sentences, max_body_bytes=max_body_bytes, poll_s=poll_s,
+                      threads=threads, max_sentences=max_sentences, max_body_bytes=max_body_bytes,
+                      max_request_tokens=max_request_tokens, poll_s=poll_s,
                       log_path=log_path, retention_days=retention_days)
     try:
         run_service(cfg)

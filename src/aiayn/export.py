@@ -7,7 +7,7 @@ A bundle is one self-contained folder (``artifacts/export`` from the ``export`` 
     spm.model         the sentencepiece model (the only tokenizer the model knows)
     ct2/              runtime "ctranslate2": a CTranslate2 model directory (config.json, model.bin, ...)
     model.safetensors runtime "eager": the float weights, decoded by our own ``aiayn.decode``
-    model_card.json   data hash, git commit, seeds, params, variant, BLEU/chrF per test set with
+    model_card.json   data hashes, seeds, params, variant, BLEU/chrF per test set with
     model_card.md     their sacreBLEU signatures, known limits (the same facts, for people)
 
 The variant is the first quantize-gate-passing one of ``quantize.serving_preference`` (``ct2-int8``
@@ -155,8 +155,9 @@ def render_card(card: dict[str, Any]) -> str:
         lines.append(f"| {split} | {s['bleu']:.2f} | {s['chrf']:.2f} | `{s.get('bleu_signature', '')}` |")
     lines += ["", "## Provenance", ""]
     prov = card["provenance"]
-    lines += [f"- git commit: `{prov.get('git_commit')}`" + (" (dirty work tree)" if prov.get("git_dirty") else ""),
-              f"- model seed {prov.get('seed')}, data-order seed {prov.get('data_seed')}; "
+    if "git_commit" in prov:
+        lines.append(f"- git commit: `{prov.get('git_commit')}`" + (" (dirty work tree)" if prov.get("git_dirty") else ""))
+    lines += [f"- model seed {prov.get('seed')}, data-order seed {prov.get('data_seed')}; "
               f"steps averaged {prov.get('averaged_steps')}",
               f"- tokenizer sha256 `{prov.get('tokenizer_sha256')}`"]
     lines += [f"- data `{k}`: `{v}`" for k, v in sorted(prov.get("data_hashes", {}).items())]

@@ -11,8 +11,9 @@ Endpoints (JSON unless noted):
 How a request is served:
 
 1. The body is read with a byte limit (413 over ``max_body_bytes``), must be ``application/json``
-   (415), valid JSON (400) shaped like the request above (400/422 naming the field): nothing
-   invalid ever reaches the model.
+   (415), valid JSON (400) shaped like the request above (400/422 naming the field), and hold at
+   most ``max_request_tokens`` source tokens after tokenization (422): nothing invalid ever reaches
+   the model, and no single request can hold the decoder for long.
 2. ``Translator.prepare`` applies ``aiayn translate``'s input rules (blank line -> empty output,
    unknown characters dropped, long lines split at sentence/clause/word boundaries under
    ``long_policy="split"``) on that request alone.
@@ -45,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import sqlite3
 import tempfile
 import threading
@@ -83,6 +85,7 @@ class ServeConfig:
     threads: int = 1  # CTranslate2 inter_threads per worker / torch threads for an eager bundle
     max_sentences: int = 64  # per request
     max_body_bytes: int = 256 * 1024
+    max_request_tokens: int = 2048  # source tokens (with EOS) per request: bounds one request's decode time
     max_beam_size: int = 8
     long_policy: str = "split"
     poll_s: float = 30.0  # registry alias polling interval (0: never)
@@ -181,6 +184,7 @@ class ServedModel:
     version: str
     variant: str
     card: dict[str, Any] = field(default_factory=dict)
+    download_dir: Path | None = None  # registry download (deleted once another version is served)
 
     @property
     def public(self) -> dict[str, str]:
@@ -357,7 +361,7 @@ def _load(cfg: ServeConfig, state: _State) -> ServedModel:
         raise ValueError("models:/NAME/VERSION is not supported yet: use models:/NAME@ALIAS or --bundle")
     ver, bundle = download_registered_bundle(name, alias, tracking_uri=_registry_uri(cfg), dst=dst)
     m = load_served_model(bundle, version=ver, threads=cfg.threads)
-    return replace(m, name=name)
+    return replace(m, name=name, download_dir=dst)
 
 
 async def _poll(cfg: ServeConfig, state: _State) -> None:
@@ -377,6 +381,8 @@ async def _poll(cfg: ServeConfig, state: _State) -> None:
                 new = await asyncio.to_thread(_load, cfg, state)
                 old, state.model = state.model, new  # requests in flight keep their own reference
                 log.info("serving %s version %s (was %s)", name, new.version, old.version if old else None)
+                if old is not None and old.download_dir is not None:  # its weights are in memory already
+                    await asyncio.to_thread(shutil.rmtree, old.download_dir, True)
         except Exception as e:  # noqa: BLE001 - keep serving the loaded model
             log.warning("registry poll failed (still serving version %s): %s",
                         state.model.version if state.model else None, e)
@@ -474,6 +480,10 @@ def create_app(cfg: ServeConfig):
             prepared = model.translator.prepare(sentences, options, long=cfg.long_policy)
         except InputError as e:
             return error(400, "input", str(e))
+        n_tokens = sum(len(u) for u in prepared.units)
+        if n_tokens > cfg.max_request_tokens:  # one huge request would hold every other one behind it
+            return error(422, "too_many_tokens", f"the request has {n_tokens} source tokens (with EOS), over the "
+                         f"limit of {cfg.max_request_tokens} per request: send fewer or shorter sentences")
         try:
             ids = await state.batcher.submit(model, prepared.units, options)
         except Exception as e:  # noqa: BLE001 - a decoding failure answers 500 for this request only

@@ -2,10 +2,11 @@
 
 Variant: the quantize stage's ``serving.json`` (the first gate-passing variant of
 ``quantize.serving_preference``: ``ct2-int8`` by default on CPU); when none passed, the eager float
-model. The bundle's model card holds the data hashes (``dvc.lock`` / ``data.dvc``), the git commit,
-the seeds, the resolved params, and BLEU/chrF per test set of the shipped variant with the sacreBLEU
-signatures of the evaluate stage (same sacreBLEU settings). The bundle is deterministic for one
-commit (the card names the commit).
+model. The bundle's model card holds the data hashes (``dvc.lock`` / ``data.dvc``), the seeds, the
+resolved params, and BLEU/chrF per test set of the shipped variant with the sacreBLEU signatures of
+the evaluate stage (same sacreBLEU settings). The bundle is deterministic bytes (two runs, or two
+clones, give the same ``dvc.lock`` hash), so the git commit is not in it: it goes into the card of
+the *registered* copy and the model version's tags, where it names the code that registered it.
 
 Registry (when tracking is on): the bundle is logged as an MLflow pyfunc model (input: sentences;
 output: translations), registered as ``REGISTERED_MODEL`` (env ``AIAYN_REGISTERED_MODEL``), and
@@ -49,7 +50,10 @@ def _limits(params: Params, max_source_tokens: int) -> list[str]:
         "descriptive sentences; expect much lower quality on other domains (news, dialogue, technical text).",
         f"A source sentence is at most {max_source_tokens} sentencepiece tokens (with EOS); the service splits "
         "longer lines at sentence/clause/word boundaries and translates the pieces.",
-        "Characters the tokenizer never saw are dropped from the input (counted in the response log).",
+        "Trained on single captions: a line holding several sentences is translated as one unit and can lose "
+        "content; send one sentence per item.",
+        "Characters the tokenizer never saw (emoji, other scripts) are dropped from the input (the service logs "
+        "a warning).",
         "Quantized variants are re-evaluated (BLEU/chrF above): numbers for other variants do not carry over.",
     ]
 
@@ -77,7 +81,6 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
             s = report["variants"][variant]["scores"][split]
             scores[split] = {"bleu": s["bleu"], "chrf": s["chrf"], "bleu_delta_vs_float": s["bleu_delta"]} | sigs
     model_meta = _read_json(layout.model / "model.json")
-    commit, dirty = git_commit(layout.root)
     decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
     max_src = max_source_tokens(int(model_meta["model"]["max_positions"]), decode)
@@ -89,7 +92,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         "why": why,
         "scores": scores,
         "gate": {"split": q.gate_split, "max_bleu_drop": q.max_bleu_drop},
-        "provenance": {"git_commit": commit, "git_dirty": dirty, "seed": model_meta.get("seed"),
+        "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
                        "data_hashes": {k: v for k, v in dvc_data_hashes(layout.root).items()
@@ -108,9 +111,11 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     with Tracker("export", project_root=layout.root) as tracker:
         tracker.set_tags({"export.variant": variant})
         tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
+        commit, dirty = git_commit(layout.root)
         registered = register_translation_model(
             tracker, layout.export, name=name, variant=variant, gate_split=q.gate_split,
-            bleu=float(scores[q.gate_split]["bleu"]), example=["A man is riding a bicycle down the street."])
+            bleu=float(scores[q.gate_split]["bleu"]), example=["A man is riding a bicycle down the street."],
+            provenance={"git_commit": commit, "git_dirty": dirty})
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
     return {"variant": variant, "bundle": str(layout.export), "registered": registered}

@@ -33,37 +33,51 @@ def choose_alias(new_bleu: float, champion_bleu: float | None) -> str:
 
 def register_translation_model(
     tracker: Tracker, bundle_dir: str | Path, *, name: str, variant: str, gate_split: str, bleu: float,
-    example: list[str],
+    example: list[str], provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Log the serving bundle on ``tracker``'s run as an MLflow pyfunc model (``serving_model``),
     register a version of ``name`` and give it an alias by ``choose_alias``.
 
-    The version carries tags ``bleu.<gate_split>``, ``gate_split`` and ``variant``. Returns
+    ``provenance`` (e.g. the git commit) is merged into the model card of the registered copy only (the
+    bundle on disk stays deterministic) and set as version tags. The version carries tags
+    ``bleu.<gate_split>``, ``gate_split`` and ``variant``. Returns
     ``{"version", "alias", "champion_bleu_before"}``, or None when tracking is off or MLflow failed
     (the tracker's rule: one warning, the pipeline goes on; the bundle on disk is unaffected).
     """
     if not tracker.active:
         return None
-    return tracker._guard(_register, tracker, Path(bundle_dir), name, variant, gate_split, float(bleu), list(example))
+    return tracker._guard(_register, tracker, Path(bundle_dir), name, variant, gate_split, float(bleu), list(example),
+                          dict(provenance or {}))
 
 
 def _register(tracker: Tracker, bundle: Path, name: str, variant: str, gate_split: str, bleu: float,
-              example: list[str]) -> dict[str, Any]:
+              example: list[str], provenance: dict[str, Any]) -> dict[str, Any]:
+    import json
+    import shutil
     import tempfile
 
     from mlflow.exceptions import MlflowException
 
+    from aiayn.export import render_card
+
     client, run_id = tracker._client, tracker.run_id
     with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "bundle"
+        shutil.copytree(bundle, copy)
+        card = json.loads((copy / "model_card.json").read_text(encoding="utf-8"))
+        card["provenance"] = card.get("provenance", {}) | provenance
+        (copy / "model_card.json").write_text(json.dumps(card, indent=2, sort_keys=True), encoding="utf-8")
+        (copy / "model_card.md").write_text(render_card(card), encoding="utf-8")
         local = Path(tmp) / "serving_model"
-        save_translation_pyfunc(bundle, local, example=example)
+        save_translation_pyfunc(copy, local, example=example)
         client.log_artifacts(run_id, str(local), "serving_model")
     try:
         client.create_registered_model(name)
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    tags = {f"bleu.{gate_split}": repr(bleu), "variant": variant, "gate_split": gate_split}
+    tags = {f"bleu.{gate_split}": repr(bleu), "variant": variant, "gate_split": gate_split} | {
+        k: str(v) for k, v in provenance.items()}
     mv = client.create_model_version(name, source=f"runs:/{run_id}/serving_model", run_id=run_id, tags=tags)
     champion_bleu = _alias_bleu(client, name, CHAMPION, gate_split)
     alias = choose_alias(bleu, champion_bleu)
