@@ -22,8 +22,7 @@ SRC = REPO / "src"
 #: Modules a stage imports that cannot change what it writes (relative to src/), with why.
 CANNOT_CHANGE_AN_OUTPUT = {
     "aiayn/__init__.py": "package marker and version string",
-    "aiayn/tracking/__init__.py": "records runs in MLflow; writes nothing under artifacts/",
-    "aiayn/tracking/registry.py": "logs and registers the bundle in MLflow; writes nothing under artifacts/",
+    "aiayn/tracking.py": "records runs and registers models in MLflow; writes nothing under artifacts/",
     "aiayn/io.py": "atomic file writing: how bytes reach the disk, not which bytes",
     "aiayn/retry.py": "which download errors are retried; a retried download is verified by SHA-256",
     "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",

@@ -21,7 +21,8 @@ pytest.importorskip("ctranslate2")
 import tiny  # noqa: E402
 from aiayn.config import params_from_dict  # noqa: E402
 from aiayn.export import EAGER, BundleError, build_bundle, load_bundle, read_bundle_info, sentences_from_input  # noqa: E402
-from aiayn.tracking.registry import CHALLENGER, CHAMPION, choose_alias, register_translation_model  # noqa: E402
+from aiayn.export import register_bundle  # noqa: E402
+from aiayn.tracking import CHALLENGER, CHAMPION, choose_alias  # noqa: E402
 from aiayn.serve import LogWriteError, MicroBatcher, RequestLog, ServeConfig, ServedModel, create_app  # noqa: E402
 from aiayn.translate import DecodeOptions, Translator  # noqa: E402
 
@@ -110,8 +111,8 @@ def _register(store: str, root: Path, bundle: Path, bleu: float) -> dict:
 
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
         variant = read_bundle_info(bundle)["variant"]
-        out = register_translation_model(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,
-                                         example=["a man"], provenance={"git_commit": "c0ffee", "git_dirty": False})
+        out = register_bundle(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,
+                              example=["a man"], provenance={"git_commit": "c0ffee", "git_dirty": False})
     assert out is not None, "registration failed (see the warning)"
     return out
 
@@ -372,7 +373,7 @@ def test_served_version_follows_the_alias(world, registry, tmp_path):
 
 
 def test_unreachable_registry_stops_serve_with_a_message(tmp_path):
-    from aiayn.tracking.registry import RegistryError
+    from aiayn.tracking import RegistryError
 
     cfg = ServeConfig(tracking_uri=f"http://127.0.0.1:{tiny.free_port()}", log_path=tmp_path / "r.db", poll_s=0)
     with pytest.raises(RegistryError, match="unreachable"):

@@ -36,11 +36,11 @@ def world(tmp_path_factory):
     bundle = tiny.ct2_bundle(root, layout, tok, OPTIONS)
     store = f"sqlite:///{root / 'mlflow.db'}"
     from aiayn.tracking import Tracker
-    from aiayn.tracking.registry import register_translation_model
+    from aiayn.export import register_bundle
 
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
-        assert register_translation_model(t, bundle, name="aiayn-en-de", variant="ct2-float32", gate_split="test_a",
-                                          bleu=1.0, example=["a man"])["alias"] == "champion"
+        assert register_bundle(t, bundle, name="aiayn-en-de", variant="ct2-float32", gate_split="test_a",
+                               bleu=1.0, example=["a man"])["alias"] == "champion"
     return {"root": root, "bundle": bundle, "store": store, "en": tiny.corpus(12, 3)[0]}
 
 

@@ -32,7 +32,7 @@ from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import DecodeOptions, Translator, _read_model_config
 
-__all__ = ["BundleError", "EAGER", "BUNDLE_FORMAT", "build_bundle", "load_bundle", "read_bundle_info", "CT2BundleTranslator", "render_card", "sentences_from_input"]
+__all__ = ["BundleError", "EAGER", "BUNDLE_FORMAT", "build_bundle", "load_bundle", "BundlePredictor", "register_bundle", "read_bundle_info", "CT2BundleTranslator", "render_card", "sentences_from_input"]
 
 EAGER = "eager-float32"
 BUNDLE_FORMAT = 1
@@ -143,6 +143,42 @@ def load_bundle(path: str | Path, *, device: str = "cpu", threads: int = 1) -> t
     ct2 = CT2Translator(path / "ct2", tokenizer, max_positions=cfg.max_positions, device=device,
                         compute_type=info.get("compute_type") or "default", inter_threads=max(1, threads))
     return CT2BundleTranslator(ct2, tokenizer, cfg), info
+
+
+class BundlePredictor:
+    """A loaded bundle as the MLflow pyfunc model runs it (``aiayn.tracking.translation_pyfunc_class``):
+    ``parse`` = ``sentences_from_input`` (``TypeError``/``ValueError`` for bad input), ``translate``
+    with the bundle's own decoding options and the ``split`` long-line policy. The service builds
+    its ``ServedModel`` from one too."""
+
+    parse = staticmethod(sentences_from_input)
+
+    def __init__(self, bundle: str | Path, *, threads: int = 1, device: str = "cpu") -> None:
+        self.translator, self.info = load_bundle(bundle, device=device, threads=threads)
+        self.options = DecodeOptions(**self.info["decode"])
+
+    def translate(self, sentences: list[str]) -> list[str]:
+        return self.translator.translate(sentences, self.options, long="split")
+
+
+def register_bundle(tracker, bundle: str | Path, *, name: str, variant: str, gate_split: str, bleu: float,
+                    example: list[str], provenance: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Register ``bundle`` through ``tracker`` (an ``aiayn.tracking.Tracker``) as a pyfunc model run by
+    ``BundlePredictor``. ``provenance`` (e.g. the git commit) goes into the model card of the
+    registered copy and into the version's tags, never into ``bundle`` itself (a DVC output: it stays
+    deterministic bytes). Returns ``Tracker.register_translation_model``'s result."""
+    import tempfile
+
+    provenance = dict(provenance or {})
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "bundle"
+        shutil.copytree(bundle, copy)
+        card = json.loads((copy / "model_card.json").read_text(encoding="utf-8"))
+        card["provenance"] = card.get("provenance", {}) | provenance
+        atomic_write_json(copy / "model_card.json", card)
+        atomic_write_text(copy / "model_card.md", render_card(card))
+        return tracker.register_translation_model(copy, name=name, variant=variant, gate_split=gate_split, bleu=bleu,
+                                                  example=example, predictor=BundlePredictor, tags=provenance)
 
 
 def render_card(card: dict[str, Any]) -> str:

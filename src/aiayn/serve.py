@@ -192,13 +192,12 @@ class ServedModel:
 
 
 def load_served_model(bundle: Path, *, version: str, threads: int) -> ServedModel:
-    from aiayn.export import load_bundle
+    from aiayn.export import BundlePredictor
 
-    translator, info = load_bundle(bundle, threads=threads)
+    p = BundlePredictor(bundle, threads=threads)
     card_path = Path(bundle) / "model_card.json"
     card = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else {}
-    return ServedModel(translator, DecodeOptions(**info["decode"]), card.get("name", "aiayn"), version,
-                       info["variant"], card)
+    return ServedModel(p.translator, p.options, card.get("name", "aiayn"), version, p.info["variant"], card)
 
 
 @dataclass
@@ -309,9 +308,10 @@ class MicroBatcher:
 
 
 def _registry_uri(cfg: ServeConfig) -> str:
-    import os
+    """The tracking module's rule: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ./mlflow.db."""
+    from aiayn.tracking import resolve_tracking_uri
 
-    return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+    return resolve_tracking_uri(Path(".").resolve(), cfg.tracking_uri)
 
 
 def _parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
@@ -353,7 +353,7 @@ class _State:
 def _load(cfg: ServeConfig, state: _State) -> ServedModel:
     if cfg.bundle is not None:
         return load_served_model(cfg.bundle, version="local", threads=cfg.threads)
-    from aiayn.tracking.registry import download_registered_bundle
+    from aiayn.tracking import download_registered_bundle
 
     name, alias, version = _parse_model_uri(cfg.model_uri)
     dst = Path(state.tmp.name) / uuid.uuid4().hex
@@ -366,7 +366,7 @@ def _load(cfg: ServeConfig, state: _State) -> ServedModel:
 
 async def _poll(cfg: ServeConfig, state: _State) -> None:
     """Every ``poll_s``: prune the log; when the alias moved, load the new version and swap."""
-    from aiayn.tracking.registry import registered_version
+    from aiayn.tracking import registered_version
 
     name, alias, _ = _parse_model_uri(cfg.model_uri)
     while True:
@@ -480,7 +480,8 @@ def create_app(cfg: ServeConfig):
             prepared = model.translator.prepare(sentences, options, long=cfg.long_policy)
         except InputError as e:
             return error(400, "input", str(e))
-        n_tokens = sum(len(u) for u in prepared.units)
+        src_tokens = [sum(len(u) for u in prepared.units[a:b]) for a, b in prepared.spans]  # per input line
+        n_tokens = sum(src_tokens)
         if n_tokens > cfg.max_request_tokens:  # one huge request would hold every other one behind it
             return error(422, "too_many_tokens", f"the request has {n_tokens} source tokens (with EOS), over the "
                          f"limit of {cfg.max_request_tokens} per request: send fewer or shorter sentences")
@@ -491,7 +492,6 @@ def create_app(cfg: ServeConfig):
             return error(500, "decode", f"{type(e).__name__}: {e}")
         outputs = model.translator.output_lines(prepared.spans, ids)
         request_id = uuid.uuid4().hex
-        src_tokens = [sum(len(u) for u in prepared.units[a:b]) for a, b in prepared.spans]
         out_tokens = [sum(len(h) for h in ids[a:b]) for a, b in prepared.spans]
         try:
             await asyncio.to_thread(state.log.write, request_id, ts=time.time(), model=model.public,

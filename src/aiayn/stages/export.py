@@ -11,7 +11,7 @@ the *registered* copy and the model version's tags, where it names the code that
 Registry (when tracking is on): the bundle is logged as an MLflow pyfunc model (input: sentences;
 output: translations), registered as ``REGISTERED_MODEL`` (env ``AIAYN_REGISTERED_MODEL``), and
 the alias ``champion`` moves to it only when its ``quantize.gate_split`` BLEU is >= the current
-champion's (``aiayn.tracking.registry.choose_alias``); otherwise it becomes ``challenger``.
+champion's (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import os
 from typing import Any
 
 from aiayn.config import Params
-from aiayn.export import EAGER, build_bundle
+from aiayn.export import EAGER, build_bundle, register_bundle
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker, dvc_data_hashes, git_commit
-from aiayn.tracking.registry import register_translation_model
 from aiayn.translate import DecodeOptions, max_source_tokens
 
 __all__ = ["run", "REGISTERED_MODEL"]
@@ -112,7 +111,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         tracker.set_tags({"export.variant": variant})
         tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
         commit, dirty = git_commit(layout.root)
-        registered = register_translation_model(
+        registered = register_bundle(
             tracker, layout.export, name=name, variant=variant, gate_split=q.gate_split,
             bleu=float(scores[q.gate_split]["bleu"]), example=["A man is riding a bicycle down the street."],
             provenance={"git_commit": commit, "git_dirty": dirty})

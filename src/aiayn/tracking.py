@@ -1,8 +1,12 @@
 """MLflow tracking: one parent run per pipeline run, one nested child run per stage.
 
-This package is the only place in ``aiayn`` that imports ``mlflow``, and it does so
-lazily (inside functions), so ``import aiayn.tracking`` stays cheap. The model
-registry (the serving bundle as a pyfunc model, aliases) is ``aiayn.tracking.registry``.
+This is the only module in ``aiayn`` that imports ``mlflow``, and it does so
+lazily (inside functions), so ``import aiayn.tracking`` stays cheap. It also holds
+the model registry side: the serving bundle as a pyfunc model
+(``Tracker.register_translation_model``), the champion/challenger alias rule
+(``choose_alias``) and what ``aiayn serve`` needs to find and download a version.
+It never imports ``aiayn.export`` (every stage imports this module, and DVC's
+dependency lists follow imports): the export stage passes the bundle's predictor in.
 
 Where runs go
 -------------
@@ -746,6 +750,170 @@ class Tracker:
         if alias:
             self._client.set_registered_model_alias(name, alias, mv.version)
         return str(mv.version)
+
+
+    def register_translation_model(
+        self, bundle_dir: str | Path, *, name: str, variant: str, gate_split: str, bleu: float, example: list[str],
+        predictor: type, tags: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """Log a serving bundle on this run as an MLflow pyfunc model (``serving_model``), register a
+        version of ``name`` and give it an alias by ``choose_alias``.
+
+        ``predictor``: the class the pyfunc model runs (``aiayn.export.BundlePredictor``: built from the
+        bundle folder, ``parse(model_input)`` and ``translate(sentences)``). The version carries tags
+        ``bleu.<gate_split>``, ``gate_split``, ``variant`` and ``tags``. Returns
+        ``{"version", "alias", "champion_bleu_before"}``, or None when tracking is off or MLflow failed
+        (one warning, the pipeline goes on; the bundle on disk is unaffected).
+        """
+        if not self._active:
+            return None
+        return self._guard(self._register_translation, Path(bundle_dir), name, variant, gate_split, float(bleu),
+                           list(example), predictor, dict(tags or {}))
+
+    def _register_translation(self, bundle: Path, name: str, variant: str, gate_split: str, bleu: float,
+                              example: list[str], predictor: type, tags: dict[str, Any]) -> dict[str, Any]:
+        import tempfile
+
+        from mlflow.exceptions import MlflowException
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "serving_model"
+            save_translation_pyfunc(bundle, local, example=example, predictor=predictor)
+            self._client.log_artifacts(self._run_id, str(local), "serving_model")
+        try:
+            self._client.create_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        version_tags = {f"bleu.{gate_split}": repr(bleu), "variant": variant, "gate_split": gate_split} | {
+            k: str(v) for k, v in tags.items()}
+        mv = self._client.create_model_version(name, source=f"runs:/{self._run_id}/serving_model",
+                                               run_id=self._run_id, tags=version_tags)
+        champion_bleu = _alias_bleu(self._client, name, CHAMPION, gate_split)
+        alias = choose_alias(bleu, champion_bleu)
+        self._client.set_registered_model_alias(name, alias, mv.version)
+        return {"version": str(mv.version), "alias": alias, "champion_bleu_before": champion_bleu}
+
+
+# --------------------------------------------------------------------------- model registry
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+def choose_alias(new_bleu: float, champion_bleu: float | None) -> str:
+    """The alias a new version gets: ``champion`` when there is no champion yet or
+    ``new_bleu >= champion_bleu`` (a tie moves the alias: the newer pipeline run, with the newest code
+    and data, wins at equal quality), else ``challenger``. A champion without a BLEU tag counts as absent."""
+    if champion_bleu is None or new_bleu >= champion_bleu:
+        return CHAMPION
+    return CHALLENGER
+
+
+class RegistryError(RuntimeError):
+    """The model registry cannot be reached, or has no version under the asked alias (one line)."""
+
+
+def _alias_bleu(client: Any, name: str, alias: str, gate_split: str) -> float | None:
+    """BLEU tag of the version ``alias`` points at; None when there is no such alias (or no tag)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException as e:
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+    tag = (mv.tags or {}).get(f"bleu.{gate_split}")
+    return float(tag) if tag is not None else None
+
+
+def translation_pyfunc_class(predictor: type) -> type:
+    """The ``mlflow.pyfunc.PythonModel`` subclass that serves a bundle with ``predictor`` (built on
+    demand so that importing this module never imports mlflow; cloudpickle stores the class by value and
+    ``predictor`` by reference, so loading it needs the ``aiayn`` package installed).
+
+    ``predict(context, model_input)``: ``predictor.parse`` turns what MLflow passes (a list, or the
+    one-column DataFrame its string-column schema makes of REST ``inputs``, ``dataframe_split`` and
+    ``dataframe_records``) into sentences; a ``TypeError``/``ValueError`` there becomes
+    ``MlflowException(INVALID_PARAMETER_VALUE)``, HTTP 400 in the scoring server. Translations come
+    back in input order, one per sentence.
+    """
+    import mlflow.pyfunc
+
+    class AiaynTranslationModel(mlflow.pyfunc.PythonModel):
+        def __getstate__(self) -> dict:  # everything comes from the bundle artifact in load_context
+            return {}
+
+        def __setstate__(self, state: dict) -> None:
+            pass
+
+        def load_context(self, context):
+            self.predictor = predictor(context.artifacts["bundle"],
+                                       threads=int(os.environ.get("AIAYN_SERVE_THREADS", "1")))
+
+        def predict(self, context, model_input, params=None):
+            from mlflow.exceptions import MlflowException
+            from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+            try:
+                sentences = self.predictor.parse(model_input)
+            except (TypeError, ValueError) as e:
+                raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
+            return self.predictor.translate(sentences)
+
+    return AiaynTranslationModel
+
+
+def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: list[str], predictor: type) -> Path:
+    """Save the bundle as an MLflow pyfunc model directory at ``path``: an explicit string-column
+    signature (string in, string out) and ``example`` as the input example."""
+    from importlib.metadata import version as _version
+
+    import mlflow.pyfunc
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema
+
+    reqs = [f"{pkg}=={_version(pkg)}" for pkg in ("mlflow", "torch", "ctranslate2", "sentencepiece", "numpy", "pandas")]
+    # an explicit column signature, not type hints: with a type hint MLflow's scoring server accepts only
+    # `inputs` payloads and refuses `dataframe_split` / `dataframe_records`
+    signature = ModelSignature(inputs=Schema([ColSpec(DataType.string)]), outputs=Schema([ColSpec(DataType.string)]))
+    mlflow.pyfunc.save_model(str(path), python_model=translation_pyfunc_class(predictor)(), artifacts={"bundle": str(bundle)},
+                             signature=signature, input_example=list(example), pip_requirements=reqs)
+    return Path(path)
+
+
+def registered_version(name: str, alias: str, *, tracking_uri: str) -> str:
+    """Version number the alias points at now. Raises ``RegistryError`` (unreachable, no such alias)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        why = _http_unreachable(tracking_uri)
+        if why:
+            raise RegistryError(f"model registry {tracking_uri} unreachable: {why}")
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).get_model_version_by_alias(name, alias).version)
+    except MlflowException as e:
+        raise RegistryError(f"models:/{name}@{alias} not found in {tracking_uri}: {' '.join(str(e).split())[:300]}") from None
+
+
+def download_registered_bundle(name: str, alias: str, *, tracking_uri: str, dst: str | Path) -> tuple[str, Path]:
+    """``(version, bundle folder)``: the serving bundle of ``models:/name@alias`` downloaded into ``dst``.
+    Raises ``RegistryError`` (unreachable, no such alias, no bundle in the model)."""
+    version = registered_version(name, alias, tracking_uri=tracking_uri)
+    import mlflow.artifacts
+
+    from mlflow import MlflowClient
+
+    try:
+        source = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).get_model_version_download_uri(name, version)
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst), tracking_uri=tracking_uri))
+    except Exception as e:  # noqa: BLE001 - one message for every transport failure
+        raise RegistryError(f"could not download models:/{name}/{version}: {type(e).__name__}: {e}") from None
+    found = sorted(local.rglob("bundle.json"))
+    if not found:
+        raise RegistryError(f"models:/{name}/{version} holds no serving bundle (bundle.json)")
+    return version, found[0].parent
 
 
 # --------------------------------------------------------------------------- pipeline end
