@@ -13,6 +13,7 @@ is the CPU default and says where and why it deviates.
     train:     TrainConfig
     evaluate:  EvalConfig
     quantize:  QuantizeConfig
+    monitor:   MonitorConfig   (drift monitor; read by no training stage)
 
 Errors: ``ConfigError`` (a ``ValueError``) quoting the bad key or value.
 """
@@ -34,6 +35,8 @@ __all__ = [
     "EvalConfig",
     "QuantizeConfig",
     "QUANT_VARIANTS",
+    "MonitorConfig",
+    "EMBEDDING_DRIFT_METHODS",
     "Params",
     "MODEL_PRESETS",
     "model_preset",
@@ -230,6 +233,51 @@ class QuantizeConfig(_Strict):
         return self
 
 
+#: Evidently embedding-drift methods (``evidently.legacy.metrics.data_drift.embedding_drift_methods``).
+EMBEDDING_DRIFT_METHODS = ("mmd", "model", "distance", "ratio")
+
+
+class MonitorConfig(_Strict):
+    """Drift monitor (``monitoring/``): production inputs against the training source side.
+
+    The ``monitor_reference`` stage describes every training source sentence (descriptors in
+    ``monitoring.descriptors``) and embeds it with the trained encoder (mean over source
+    positions, reduced by a PCA fitted on the reference). A check describes a window of inputs
+    the same way and runs Evidently against the reference: one pinned statistical test per
+    descriptor (Evidently's own default switches test with the reference size) plus an embedding
+    drift method. Verdict: ``drift`` when at least ``drift_share`` of the descriptors drifted or
+    the embeddings drifted; ``insufficient_data`` (never a drift verdict either way) below
+    ``min_window`` sentences. Units: sentences.
+    """
+
+    reference_sentences: int | None = Field(None, ge=100, description="Training source sentences in the reference "
+                                            "(None: the whole train split); a seeded sample otherwise.")
+    reference_seed: int = Field(0, description="Seed of the reference sample and of the embedding-drift sampling.")
+    descriptors: tuple[str, ...] | None = Field(None, description="Descriptors tested (None: all of monitoring.descriptors).")
+    stattest: str = Field("ks", description="Evidently per-column test for every descriptor (pinned).")
+    stattest_threshold: float = Field(0.01, gt=0.0, description="The test's threshold (a p-value for ks: drift when p < it).")
+    thresholds: dict[str, float] = Field(default_factory=dict, description="Per-descriptor threshold overrides.")
+    drift_share: float = Field(0.25, gt=0.0, le=1.0, description="Drift when at least this share of descriptors drifted.")
+    embedding_dims: int = Field(32, ge=1, description="PCA components of the encoder embedding, fitted on the reference.")
+    embedding_method: Literal["mmd", "model", "distance", "ratio"] | None = Field(
+        "mmd", description="Evidently embedding-drift method (None: descriptors only).")
+    embedding_threshold: float | None = Field(None, gt=0.0, description="The method's threshold (None: Evidently's default).")
+    embedding_reference_sample: int = Field(2000, ge=100, description="Reference rows given to the embedding test "
+                                            "(seeded sample; MMD is quadratic in rows).")
+    window_size: int = Field(200, ge=1, description="The latest window: the last N sentences of the serving log.")
+    min_window: int = Field(30, ge=2, description="Below this many sentences the verdict is insufficient_data.")
+    log_path: str = Field("serving/requests.db", description="The serving request log (aiayn serve --log-path).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MonitorConfig":
+        if self.min_window > self.window_size:
+            raise ValueError(f"monitor.min_window ({self.min_window}) > monitor.window_size ({self.window_size})")
+        bad = {k: v for k, v in self.thresholds.items() if not v > 0}
+        if bad:
+            raise ValueError(f"monitor.thresholds must be > 0, got {bad}")
+        return self
+
+
 class Params(_Strict):
     """The whole of ``params.yaml``, resolved."""
 
@@ -240,6 +288,7 @@ class Params(_Strict):
     train: TrainConfig = TrainConfig()
     evaluate: EvalConfig = EvalConfig()
     quantize: QuantizeConfig = QuantizeConfig()
+    monitor: MonitorConfig = MonitorConfig()
 
     def to_flat_dict(self) -> dict[str, Any]:
         """``{"train.seed": 1, ...}``: the resolved config, flattened for tracking."""
@@ -256,7 +305,7 @@ class Params(_Strict):
 def params_from_dict(raw: dict[str, Any]) -> Params:
     """Build ``Params`` from the ``params.yaml`` mapping (``model.preset`` + overrides)."""
     raw = dict(raw or {})
-    known = {"data", "tokenize", "model", "train", "evaluate", "quantize"}
+    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown params.yaml section(s) {sorted(unknown)}; expected {sorted(known)}")

@@ -96,7 +96,9 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
                        "data_hashes": {k: v for k, v in dvc_data_hashes(layout.root).items()
                                        if k in ("data/multi30k", "data", "artifacts/prepared", "artifacts/tokenized")}},
-        "params": params.model_dump(mode="json"),
+        # the params that made the model; the drift monitor's block is not one of them (and is not
+        # among this stage's DVC params, so it must not change the bundle either)
+        "params": params.model_dump(mode="json", exclude={"monitor"}),
         "limits": _limits(params, max_src),
         "max_source_tokens": max_src,
     }
