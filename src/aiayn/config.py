@@ -261,9 +261,14 @@ class MonitorConfig(_Strict):
     embedding_dims: int = Field(32, ge=1, description="PCA components of the encoder embedding, fitted on the reference.")
     embedding_method: Literal["mmd", "model", "distance", "ratio"] | None = Field(
         "mmd", description="Evidently embedding-drift method (None: descriptors only).")
-    embedding_threshold: float | None = Field(None, gt=0.0, description="The method's threshold (None: Evidently's default).")
-    embedding_reference_sample: int = Field(2000, ge=100, description="Reference rows given to the embedding test "
-                                            "(seeded sample; MMD is quadratic in rows).")
+    embedding_bootstrap: bool = Field(True, description="Evidently's bootstrap test: drift when the statistic exceeds "
+                                      "its embedding_quantile on reference-vs-reference resamples of the same sizes "
+                                      "(calibrated for every window size); False: a fixed embedding_threshold.")
+    embedding_quantile: float = Field(0.95, gt=0.0, lt=1.0, description="Quantile of the bootstrap (1 - false alarm rate).")
+    embedding_threshold: float | None = Field(None, gt=0.0, description="Fixed threshold when embedding_bootstrap is "
+                                              "False (None: Evidently's default for the method).")
+    embedding_sample: int = Field(2000, ge=100, description="Rows per side given to the embedding test (seeded "
+                                  "samples; MMD is quadratic in rows).")
     window_size: int = Field(200, ge=1, description="The latest window: the last N sentences of the serving log.")
     min_window: int = Field(30, ge=2, description="Below this many sentences the verdict is insufficient_data.")
     log_path: str = Field("serving/requests.db", description="The serving request log (aiayn serve --log-path).")
@@ -272,6 +277,8 @@ class MonitorConfig(_Strict):
     def _check(self) -> "MonitorConfig":
         if self.min_window > self.window_size:
             raise ValueError(f"monitor.min_window ({self.min_window}) > monitor.window_size ({self.window_size})")
+        if self.embedding_bootstrap and self.embedding_method == "ratio":
+            raise ValueError("monitor.embedding_method 'ratio' has no bootstrap test: set embedding_bootstrap: false")
         bad = {k: v for k, v in self.thresholds.items() if not v > 0}
         if bad:
             raise ValueError(f"monitor.thresholds must be > 0, got {bad}")
