@@ -4,10 +4,10 @@
 cron or interval, parameters). ``WORK_POOL`` is the one pool they run on. Every
 deployment gets ``root`` (the project folder, absolute) as a parameter and as the
 worker's working directory; its other parameters are the spec's. A new scheduled
-job is one more entry, e.g. the hourly drift check once its flow exists::
-
-    DeploymentSpec(name="hourly", flow="monitoring.flows:drift", interval_s=3600,
-                   description="Drift of served inputs against the training reference")
+job is one more entry. Today: ``pipeline/nightly`` (retrain, 02:00 UTC) and
+``drift-check/hourly`` (the drift monitor on the latest window of the serving log, at minute
+0 of every hour, UTC; one run at a time, and a run that comes due while one is still running
+is cancelled rather than queued, so a worker outage never leaves a pile of late checks).
 
 Usage (``PREFECT_API_URL`` names the server)::
 
@@ -73,8 +73,12 @@ class DeploymentSpec:
     parameters: dict[str, Any] = field(default_factory=dict)
     tags: tuple[str, ...] = ("aiayn",)
     concurrency_limit: int | None = 1
+    collision_strategy: str = "ENQUEUE"  # or CANCEL_NEW: a run due while the limit is full is cancelled
 
     def __post_init__(self) -> None:
+        if self.collision_strategy not in ("ENQUEUE", "CANCEL_NEW"):
+            raise ValueError(f"deployment {self.name!r}: collision_strategy must be ENQUEUE or CANCEL_NEW, "
+                             f"got {self.collision_strategy!r}")
         if self.cron is not None and self.interval_s is not None:
             raise ValueError(f"deployment {self.name!r}: give cron or interval_s, not both")
         if self.interval_s is not None and self.interval_s <= 0:
@@ -93,6 +97,15 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         cron="0 2 * * *",
         parameters={"push": True},
         description="Nightly retrain: fetch, dvc repro (DVC decides what is stale), dvc push, report artifact",
+    ),
+    DeploymentSpec(
+        name="hourly",
+        flow="monitoring.flows:drift",
+        cron="0 * * * *",
+        timezone="UTC",
+        concurrency_limit=1,
+        collision_strategy="CANCEL_NEW",
+        description="Drift of the latest served inputs against the training reference (Evidently); Failed on drift",
     ),
 )
 
@@ -124,6 +137,7 @@ def build_deployments(
     work_pool: str | None = WORK_POOL,
 ) -> list[RunnerDeployment]:
     """``RunnerDeployment`` objects for ``specs`` on project ``root`` (``work_pool=None``: for ``serve``)."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.deployments.runner import EntrypointType
 
     root = str(Path(root).resolve())
@@ -136,7 +150,9 @@ def build_deployments(
                 parameters={"root": root, **spec.parameters},
                 description=spec.description,
                 tags=list(spec.tags),
-                concurrency_limit=spec.concurrency_limit,
+                concurrency_limit=None if spec.concurrency_limit is None else ConcurrencyLimitConfig(
+                    limit=spec.concurrency_limit,
+                    collision_strategy=ConcurrencyLimitStrategy[spec.collision_strategy]),
                 work_pool_name=work_pool,
                 job_variables={"working_dir": root} if work_pool else None,
                 entrypoint_type=EntrypointType.MODULE_PATH,
@@ -190,8 +206,10 @@ def _describe(spec: DeploymentSpec) -> str:
     when = f"cron '{spec.cron}' {spec.timezone}" if spec.cron else (
         f"every {spec.interval_s:g} s" if spec.interval_s else "by hand only"
     )
-    flow_name = spec.flow.rpartition(":")[2]
-    return f"{flow_name}/{spec.name}: {when}; parameters {spec.parameters}; {spec.description}"
+    flow_name = load_flow(spec.flow).name
+    limit = (f"; at most {spec.concurrency_limit} running ({spec.collision_strategy} on collision)"
+             if spec.concurrency_limit else "")
+    return f"{flow_name}/{spec.name}: {when}{limit}; parameters {spec.parameters}; {spec.description}"
 
 
 def main(argv: list[str] | None = None) -> int:

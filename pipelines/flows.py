@@ -41,7 +41,7 @@ from prefect.tasks import exponential_backoff
 
 from aiayn.config import Params, load_params
 from aiayn.retry import is_transient as core_is_transient
-from aiayn.stages import Layout
+from aiayn.stages import Layout, stage_module
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -59,6 +59,7 @@ __all__ = [
     "evaluate",
     "quantize",
     "export",
+    "monitor_reference",
     "STAGE_FLOWS",
 ]
 
@@ -151,8 +152,8 @@ def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
 
 @task(name="run-stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
 def run_stage(stage: str, params: Params, layout: Layout) -> dict:
-    """Run ``aiayn.stages.<stage>.run(params, layout)`` and return its summary (never retried)."""
-    module = importlib.import_module(f"aiayn.stages.{stage}")
+    """Run the stage's ``run(params, layout)`` (``aiayn.stages.stage_module``) and return its summary (never retried)."""
+    module = importlib.import_module(stage_module(stage))
     try:
         with stage_logs_to_prefect():
             summary = module.run(params, layout)
@@ -231,6 +232,12 @@ def export(params_path: str = "params.yaml", root: str = ".") -> dict:
     return _run("export", params_path, root)
 
 
+@flow(name="monitor_reference", log_prints=True)
+def monitor_reference(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Describe and embed the training source side: the drift monitor's reference (``artifacts/monitor_reference``)."""
+    return _run("monitor_reference", params_path, root)
+
+
 #: Stage name -> its flow, in pipeline order (``fetch`` comes before the DVC DAG).
 STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "fetch": fetch,
@@ -240,4 +247,5 @@ STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "evaluate": evaluate,
     "quantize": quantize,
     "export": export,
+    "monitor_reference": monitor_reference,
 }

@@ -63,7 +63,8 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
         raise AssertionError(f"resolved params of {params} do not load back to the same values")
     for name in ["dvc.yaml", *(p.name for p in source.glob("*.dvc") if p.is_file())]:
         shutil.copyfile(source / name, dest / name)
-    shutil.copytree(source / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for code in ("src", "monitoring"):  # dvc.yaml's code deps
+        shutil.copytree(source / code, dest / code, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     with Repo.init(str(dest), no_scm=True) as repo:
         with repo.config.edit() as conf:
             conf["core"]["remote"] = "local"

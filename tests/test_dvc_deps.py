@@ -1,7 +1,8 @@
 """DVC sees every code change that can change a stage's output.
 
 For each ``dvc.yaml`` stage whose ``cmd`` runs ``python -m pipelines.stage <name>``, the
-modules of ``aiayn.stages.<name>`` and everything it imports from ``aiayn`` (transitively,
+stage's module (``aiayn.stages.stage_module``: ``aiayn.stages.<name>``, or
+``monitoring.reference``) and everything it imports from ``aiayn`` and ``monitoring`` (transitively,
 imports inside functions included: read from the source with ``ast``, not from a run) must be
 covered by a ``deps`` entry (the file, or a folder above it). The only exceptions are the
 modules in ``CANNOT_CHANGE_AN_OUTPUT``, each with its reason.
@@ -19,19 +20,32 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 
-#: Modules a stage imports that cannot change what it writes (relative to src/), with why.
+#: Modules a stage imports that cannot change what it writes (relative to src/, or to the
+#: repository root for ``monitoring``), with why.
 CANNOT_CHANGE_AN_OUTPUT = {
     "aiayn/__init__.py": "package marker and version string",
     "aiayn/tracking.py": "records runs and registers models in MLflow; writes nothing under artifacts/",
     "aiayn/io.py": "atomic file writing: how bytes reach the disk, not which bytes",
     "aiayn/retry.py": "which download errors are retried; a retried download is verified by SHA-256",
     "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",
+    "monitoring/__init__.py": "package marker (a docstring)",
 }
 
 
+OURS = ("aiayn", "monitoring")
+
+
+def _base(path_or_name: Path | str) -> Path:
+    """Where a package lives: ``src/`` for ``aiayn``, the repository root for ``monitoring``."""
+    if isinstance(path_or_name, Path):
+        return SRC if path_or_name.is_relative_to(SRC) else REPO
+    return REPO if path_or_name.split(".")[0] == "monitoring" else SRC
+
+
 def module_file(name: str) -> Path | None:
-    """``aiayn.x.y`` -> ``src/aiayn/x/y.py`` or ``src/aiayn/x/y/__init__.py``; None if not ours."""
-    base = SRC.joinpath(*name.split("."))
+    """``aiayn.x.y`` -> ``src/aiayn/x/y.py`` or ``src/aiayn/x/y/__init__.py`` (``monitoring.x`` ->
+    ``monitoring/x.py``); None if not ours."""
+    base = _base(name).joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -40,7 +54,7 @@ def module_file(name: str) -> Path | None:
 
 def imported_files(path: Path) -> set[Path]:
     """``aiayn`` source files ``path`` imports directly (any import statement, at any depth)."""
-    package = ".".join(path.relative_to(SRC).with_suffix("").parts)
+    package = ".".join(path.relative_to(_base(path)).with_suffix("").parts)
     if path.name == "__init__.py":
         package = package.removesuffix(".__init__")
     else:
@@ -58,7 +72,7 @@ def imported_files(path: Path) -> set[Path]:
             names.update(f"{base}.{a.name}" for a in node.names)  # `from aiayn import x` imports module x
     files = set()
     for name in names:
-        if name == "aiayn" or name.startswith("aiayn."):
+        if name.split(".")[0] in OURS:
             parts = name.split(".")
             for i in range(2, len(parts) + 1):  # importing a.b.c runs a/b/__init__ too
                 if f := module_file(".".join(parts[:i])):
@@ -88,13 +102,15 @@ def test_every_module_a_stage_imports_is_a_dependency(stage):
     spec = stages()[stage]
     match = STAGE_CMD.fullmatch(spec["cmd"].strip())
     assert match, f"stage {stage}: cmd {spec['cmd']!r} is not `python -m pipelines.stage <name>`"
-    entry = module_file(f"aiayn.stages.{match.group(1)}")
-    assert entry is not None, f"stage {stage}: no module aiayn.stages.{match.group(1)}"
+    from aiayn.stages import stage_module
+
+    entry = module_file(stage_module(match.group(1)))
+    assert entry is not None, f"stage {stage}: no module {stage_module(match.group(1))}"
     deps = [str(d).rstrip("/") for d in spec.get("deps", [])]
     missing = []
     for f in sorted(closure(entry)):
-        rel = f.relative_to(REPO).as_posix()  # src/aiayn/...
-        if f.relative_to(SRC).as_posix() in CANNOT_CHANGE_AN_OUTPUT:
+        rel = f.relative_to(REPO).as_posix()  # src/aiayn/... or monitoring/...
+        if f.relative_to(_base(f)).as_posix() in CANNOT_CHANGE_AN_OUTPUT:
             continue
         if not any(rel == d or rel.startswith(d + "/") for d in deps):
             missing.append(rel)
@@ -103,7 +119,7 @@ def test_every_module_a_stage_imports_is_a_dependency(stage):
 
 def test_the_exceptions_are_real_modules():
     for rel in CANNOT_CHANGE_AN_OUTPUT:
-        assert (SRC / rel).is_file(), rel
+        assert (_base(rel.split("/")[0]) / rel).is_file(), rel
 
 
 def test_closure_sees_imports_inside_functions(tmp_path):

@@ -137,20 +137,22 @@ def test_train_stage_twice_gives_the_same_output_hash(project):
     assert lock_out_md5(root, "train", "artifacts/model") == first
 
 
-def test_evaluate_quantize_export_reruns_give_identical_lock_hashes(project):
+def test_stages_after_train_rerun_to_identical_lock_hashes(project):
     """Every output and metrics file of the stages after train is deterministic bytes: wall-clock
     numbers (decode seconds, throughput) stay out of dvc.lock, yet ``dvc metrics show`` lists them."""
     root, env = project["root"], project["env"]
 
     def outs() -> dict:
         lock = yaml.safe_load((root / "dvc.lock").read_text())
-        return {(st, o["path"]): o["md5"] for st in ("evaluate", "quantize", "export") for o in lock["stages"][st]["outs"]}
+        return {(st, o["path"]): o["md5"] for st in ("evaluate", "quantize", "export", "monitor_reference")
+                for o in lock["stages"][st]["outs"]}
 
     first = outs()
     assert ("quantize", "artifacts/quantize_metrics.json") in first and ("evaluate", "artifacts/eval") in first
     sh(str(BIN / "dvc"), "repro", "-f", "-s", "evaluate", cwd=root, env=env)
     sh(str(BIN / "dvc"), "repro", "-f", "-s", "quantize", cwd=root, env=env)
     sh(str(BIN / "dvc"), "repro", "-f", "-s", "export", cwd=root, env=env)
+    sh(str(BIN / "dvc"), "repro", "-f", "-s", "monitor_reference", cwd=root, env=env)
     assert outs() == first
     shown = json.loads(sh(str(BIN / "dvc"), "metrics", "show", "--json", cwd=root, env=env).stdout)
     wall = shown[""]["data"]["artifacts/quantize_throughput.json"]["data"]
@@ -227,3 +229,36 @@ def test_a_code_edit_makes_exactly_its_stages_stale(project, path, old, new, sta
         target.write_text(original, encoding="utf-8")
     assert stale <= found and not (fresh & found), found
     assert _stale_stages(root, env) == set()
+
+
+def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, multi30k_mirror):
+    """Issue 12's known failure kinds on real Multi30k, with the smoke pipeline's model and reference
+    (2,000 training sentences): same-domain Flickr windows and small training resamples are not
+    flagged, German/French and noisy English always are. The full-model numbers are in the README."""
+    from aiayn.config import load_params
+    from aiayn.stages import Layout
+    from aiayn.translate import Translator
+    from monitoring.drift import check, load_reference
+    from monitoring.reference import reference_dir
+    from monitoring.validation import insert_noise, read_split, upper, windows
+
+    root = project["root"]
+    cfg = load_params(root / "params.yaml").monitor
+    ref = load_reference(reference_dir(Layout(root)))
+    translator = Translator.from_dir(root / "artifacts" / "model", device="cpu")
+
+    def flagged(ws: list[list[str]]) -> list[str]:
+        return [check(w, ref, cfg, translator).summary["verdict"] for w in ws]
+
+    t16 = read_split(multi30k_mirror, "test_2016_flickr", "en")
+    t17 = read_split(multi30k_mirror, "test_2017_flickr", "en")
+    same = flagged(windows(t16, 200, 10, seed=11) + windows(t17, 200, 10, seed=12))
+    assert same.count("drift") <= 1, same
+    small = flagged(windows(read_split(multi30k_mirror, "train", "en"), 30, 20, seed=6))
+    assert small.count("drift") <= 2, small
+    assert flagged(windows(t16, 20, 1, seed=0)) == ["insufficient_data"]  # below min_window: never a verdict
+    shifted = (windows(read_split(multi30k_mirror, "test_2016_flickr", "de"), 200, 3, seed=14)
+               + windows(read_split(multi30k_mirror, "test_2017_flickr", "fr"), 200, 2, seed=15)
+               + [upper(w) for w in windows(t16, 200, 2, seed=16)]
+               + [insert_noise(w, 0.3, seed=i) for i, w in enumerate(windows(t16, 200, 2, seed=17))])
+    assert flagged(shifted) == ["drift"] * len(shifted)

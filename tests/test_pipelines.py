@@ -291,6 +291,47 @@ def test_deploy_list_prints_the_schedule(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert f"work pool: {WORK_POOL} (process)" in out and "pipeline/nightly: cron '0 2 * * *' UTC" in out
+    assert "drift-check/hourly: cron '0 * * * *' UTC; at most 1 running (CANCEL_NEW on collision)" in out
+
+
+def test_hourly_drift_check_deployment_cancels_new_runs_while_one_runs(tmp_path):
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    from pipelines.deploy import DeploymentSpec, build_deployments
+
+    (hourly,) = [d for d in build_deployments(tmp_path) if d.name == "hourly"]
+    assert hourly.flow_name == "drift-check" and hourly.entrypoint == "monitoring.flows.drift"
+    (schedule,) = hourly.schedules
+    assert schedule.schedule.cron == "0 * * * *" and schedule.schedule.timezone == "UTC"
+    assert hourly.concurrency_limit == 1
+    assert hourly.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
+    (nightly,) = [d for d in build_deployments(tmp_path) if d.name == "nightly"]
+    assert nightly.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
+    with pytest.raises(ValueError, match="collision_strategy"):
+        DeploymentSpec(name="x", flow="m:f", description="", collision_strategy="DROP")
+
+
+def test_drift_flow_fails_on_drift_and_completes_otherwise(tmp_path, prefect_harness, monkeypatch):
+    """The flow's final state follows the check's verdict; every run leaves the markdown artifact."""
+    import monitoring.drift as drift_mod
+    from monitoring.flows import drift
+
+    verdicts = {"drift": ({"verdict": "drift", "drifted": ["src_lang_score", "embeddings"]}, "Failed"),
+                "no_drift": ({"verdict": "no_drift"}, "Completed"),
+                "insufficient_data": ({"verdict": "insufficient_data", "reason": "5 sentences < 30"}, "Completed")}
+    base = {"window": {"sentences": 200, "file": "w.txt"}, "reference": {"sentences": 10, "split": "train"},
+            "descriptors": {}, "embeddings": None, "drift_share": 0.25, "drifted_share": 0.5}
+    for verdict, (extra, state_name) in verdicts.items():
+        monkeypatch.setattr(drift_mod, "run_check", lambda *a, _s={**base, **extra}, **k: (_s, tmp_path))
+        state = drift(root=str(tmp_path), params_path=str(REPO / "params.yaml"), return_state=True)
+        assert state.name == state_name, (verdict, state.message)
+        if verdict == "drift":
+            assert "src_lang_score, embeddings" in state.message
+    def cannot(*a, **k):
+        raise drift_mod.DriftCheckError("no serving log at x")
+    monkeypatch.setattr(drift_mod, "run_check", cannot)
+    state = drift(root=str(tmp_path), params_path=str(REPO / "params.yaml"), return_state=True)
+    assert state.is_failed() and "could not run: no serving log" in state.message
 
 
 # --------------------------------------------------------------------------- slow: the whole pipeline

@@ -134,15 +134,16 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipelines.deploy import DEPLOYMENTS, WORK_POOL, deploy
+    from pipelines.deploy import DEPLOYMENTS, WORK_POOL, deploy, load_flow
     from pipelines.pipeline import REPORT_KEY
+    from monitoring.validation import read_split
     from pipelines.scratch import scratch_project
     from aiayn.stages import STAGES
 
     root = scratch_project(tmp_path / "project", SMOKE)
     with temporary_settings(updates={PREFECT_API_URL: prefect_server}):
         ids = deploy(root)
-        assert set(ids) == {f"{spec.flow.rpartition(':')[2]}/{spec.name}" for spec in DEPLOYMENTS}
+        assert set(ids) == {f"{load_flow(spec.flow).name}/{spec.name}" for spec in DEPLOYMENTS}
 
         with get_client(sync_client=True) as client:
             nightly = client.read_deployment_by_name("pipeline/nightly")
@@ -153,6 +154,13 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
                 ("0 2 * * *", "UTC", True)
             ]
             assert nightly.parameters == {"root": str(root), "push": True}
+            # the hourly drift check: explicit timezone and "one at a time, cancel the newcomer", read back
+            hourly = client.read_deployment_by_name("drift-check/hourly")
+            assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in hourly.schedules] == [
+                ("0 * * * *", "UTC", True)
+            ]
+            assert hourly.global_concurrency_limit.limit == 1
+            assert hourly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
 
         flow_run = run_deployment("pipeline/nightly", timeout=0, as_subflow=False)
         worker_log = tmp_path / "worker.log"
@@ -171,9 +179,18 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
                     return state if state is not None and state.is_final() else None
 
                 state = _wait_for(final_state, RUN_TIMEOUT_S, f"flow run {flow_run.id}", interval_s=3)
+                assert state.type == StateType.COMPLETED, f"{state.type}: {state.message}\n{_tail(worker_log, 80)}"
+
+                # the drift check on the worker, over the pipeline's reference: German input -> Failed
+                german = tmp_path / "german.txt"
+                german.write_text("\n".join(read_split(multi30k_mirror, "val", "de")[:60]) + "\n")
+                flow_run = run_deployment("drift-check/hourly", parameters={"input_path": str(german)},
+                                          timeout=0, as_subflow=False)
+                drift_state = _wait_for(final_state, 600, f"drift-check run {flow_run.id}", interval_s=3)
         finally:
             _stop(worker)
-        assert state.type == StateType.COMPLETED, f"{state.type}: {state.message}\n{_tail(worker_log, 80)}"
+        assert drift_state.type == StateType.FAILED, f"{drift_state.type}: {drift_state.message}"
+        assert drift_state.message.startswith("drift in 60 production inputs")
 
         with get_client(sync_client=True) as client:
             artifacts = client.read_artifacts(

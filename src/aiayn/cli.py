@@ -59,8 +59,10 @@ def setup_logging(level: int = logging.INFO) -> None:
 def run_stage(name: str, params_path: Path, root: Path) -> dict:
     """Load params and run stage ``name``; returns its summary."""
     setup_logging()
+    from aiayn.stages import stage_module
+
     params = load_params(params_path)
-    module = importlib.import_module(f"aiayn.stages.{name}")
+    module = importlib.import_module(stage_module(name))
     return module.run(params, Layout(root))
 
 
@@ -95,6 +97,36 @@ _stage_command("train", "Train (or resume) the Transformer; write the averaged m
 _stage_command("evaluate", "Translate the test sets with beam search and score them with sacreBLEU.")
 _stage_command("quantize", "Build CTranslate2/torchao quantized variants, evaluate each, gate on BLEU (artifacts/quantized).")
 _stage_command("export", "Build the serving bundle (artifacts/export) and register it in the MLflow Model Registry.")
+_stage_command("monitor-reference", "Build the drift reference from the training source side (artifacts/monitor_reference).")
+
+
+@app.command()
+def monitor(
+    input_path: Annotated[Optional[Path], typer.Option("--input", "-i", help="Text file, one sentence per line (default: the latest window of the serving log).")] = None,
+    params: ParamsOpt = Path("params.yaml"),
+    root: RootOpt = Path("."),
+    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: artifacts/drift/<UTC time>).")] = None,
+    track: Annotated[bool, typer.Option(help="Log the check to MLflow.")] = True,
+) -> None:
+    """Check production inputs for drift against the training reference (Evidently).
+
+    Prints the JSON summary; reports (report.html, embeddings.html, summary.json) go to the
+    report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
+    window, fewer sentences than monitor.min_window, missing reference, unreadable log).
+    """
+    setup_logging()
+    from monitoring.drift import DriftCheckError, exit_code, run_check
+
+    try:
+        summary, _ = run_check(load_params(params), Layout(root),
+                               input_path=input_path, out_dir=out, track=track)
+    except (DriftCheckError, ConfigError) as e:
+        typer.echo(f"aiayn monitor: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(summary, indent=2, default=str))
+    if summary["verdict"] == "insufficient_data":
+        typer.echo(f"aiayn monitor: {summary.get('reason')}", err=True)
+    raise typer.Exit(exit_code(summary["verdict"]))
 
 
 @app.command()

@@ -80,6 +80,8 @@ from aiayn.io import atomic_write_json
 
 __all__ = [
     "Tracker",
+    "log_drift_check",
+    "DRIFT_EXPERIMENT",
     "end_pipeline_run",
     "dvc_data_hashes",
     "git_commit",
@@ -958,3 +960,72 @@ def end_pipeline_run(
     state_path.unlink(missing_ok=True)
     return state["run_id"]
 
+
+
+# --------------------------------------------------------------------------- drift checks
+
+#: Experiment of the drift checks (one flat run per check, apart from the pipeline runs).
+DRIFT_EXPERIMENT = "aiayn-drift"
+
+
+def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report_dir: str | Path | None, *,
+                    experiment: str = DRIFT_EXPERIMENT, tracking_uri: str | None = None) -> str | None:
+    """Record one drift check (``monitoring.drift.run_check``) as an MLflow run; return its id.
+
+    Run ``drift-check`` in ``experiment``; tags ``drift.verdict``, ``drift.window_source``,
+    ``drift.reference_model_sha256``, ``drift.drifted`` and the git commit; metrics
+    ``window.sentences``, ``drifted_share``, ``drift`` (1/0), ``<descriptor>.statistic`` and
+    ``<descriptor>.drifted`` per test, ``embeddings.statistic``; the report folder as artifacts
+    (``drift/``). Like ``Tracker``, it never fails the caller: an unreachable server or a failing
+    call logs one warning ("MLflow tracking disabled: ...") and returns None. ``AIAYN_TRACKING=0``
+    turns it off.
+    """
+    if not tracking_enabled(True):
+        return None
+    root = Path(project_root).resolve()
+    uri = resolve_tracking_uri(root, tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        why = _http_unreachable(uri)
+        if why:
+            log.warning("MLflow tracking disabled: %s", why)
+            return None
+        for k, v in _HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, RunTag
+
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+            experiment, artifact_location=_sqlite_artifact_location(uri, experiment))
+        window = summary.get("window", {})
+        commit, dirty = git_commit(root)
+        tags = {"aiayn.kind": "drift-check", "drift.verdict": str(summary.get("verdict")),
+                "drift.window_source": str(window.get("file") or window.get("log") or ""),
+                "drift.reference_model_sha256": str(summary.get("reference", {}).get("model_sha256")),
+                "drift.drifted": ",".join(summary.get("drifted", [])) or "none", "git.dirty": str(dirty).lower()}
+        if commit:
+            tags["git.commit"] = tags["mlflow.source.git.commit"] = commit
+        run = client.create_run(exp_id, run_name="drift-check", tags=tags)
+        now = int(time.time() * 1000)
+        values: dict[str, float] = {"window.sentences": float(window.get("sentences", 0))}
+        if summary.get("drifted_share") is not None:
+            values["drifted_share"] = float(summary["drifted_share"])
+            values["drift"] = float(summary.get("verdict") == "drift")
+        for name, t in (summary.get("descriptors") or {}).items():
+            values[f"{name}.statistic"] = float(t["statistic"])
+            values[f"{name}.drifted"] = float(bool(t["drifted"]))
+        if summary.get("embeddings"):
+            values["embeddings.statistic"] = float(summary["embeddings"]["statistic"])
+            values["embeddings.drifted"] = float(bool(summary["embeddings"]["drifted"]))
+        client.log_batch(run.info.run_id, metrics=[Metric(_BAD_KEY_CHARS.sub("_", k), v, now, 0)
+                                                   for k, v in values.items()],
+                         tags=[RunTag("mlflow.note.content", f"drift check: {summary.get('verdict')}")])
+        if report_dir is not None and Path(report_dir).is_dir():
+            client.log_artifacts(run.info.run_id, str(report_dir), "drift")
+        client.set_terminated(run.info.run_id, status="FINISHED")
+        return run.info.run_id
+    except Exception as e:  # noqa: BLE001 - tracking never fails a check
+        log.warning("MLflow tracking disabled: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None

@@ -70,6 +70,13 @@ def unavailable_reason(v: Variant) -> str | None:
                 return "CTranslate2 sees no CUDA device"
     if library_version(v.library) is None:
         return f"{v.library} is not installed"
+    if v.library == "ctranslate2":
+        import ctranslate2
+
+        supported = ctranslate2.get_supported_compute_types(v.device)
+        if v.compute_type not in supported:  # e.g. int16 needs Intel MKL: refused on an AMD CPU
+            return (f"CTranslate2 cannot compute {v.compute_type} on this {v.device} "
+                    f"(supported here: {', '.join(sorted(supported))})")
     return None
 
 

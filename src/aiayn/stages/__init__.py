@@ -4,7 +4,9 @@ Each stage module exposes ``run(params: Params, layout: Layout) -> dict`` that
 reads its inputs from ``layout``, writes its outputs atomically under
 ``layout``, and returns a small JSON-able summary (counts, metrics, paths).
 The CLI (``aiayn <stage>``), the Prefect flows (``pipelines/``) and
-``dvc.yaml`` all call these same functions.
+``dvc.yaml`` all call these same functions. The last stage, ``monitor_reference`` (the drift
+monitor's reference), lives in the top-level ``monitoring`` package with the rest of the monitor;
+``stage_module`` names every stage's module.
 """
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Layout", "STAGES"]
+__all__ = ["Layout", "STAGES", "stage_module"]
 
 #: Pipeline order (DVC DAG).
-STAGES = ("prepare", "tokenize", "train", "evaluate", "quantize", "export")
+STAGES = ("prepare", "tokenize", "train", "evaluate", "quantize", "export", "monitor_reference")
+
+#: Stages whose module is not ``aiayn.stages.<name>``.
+_STAGE_MODULES = {"monitor_reference": "monitoring.reference"}
+
+
+def stage_module(name: str) -> str:
+    """Module holding stage ``name``'s ``run(params, layout)`` (``-`` and ``_`` alike)."""
+    name = name.replace("-", "_")
+    return _STAGE_MODULES.get(name, f"aiayn.stages.{name}")
 
 
 @dataclass(frozen=True)
