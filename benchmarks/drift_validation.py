@@ -40,7 +40,10 @@ def cases(corpus: Path, which: str, window: int) -> dict[str, list[list[str]]]:
             "train en, 30-sentence windows": windows(read_split(corpus, "train", "en"), 30, 20, seed=6),
         }
     t16, t17 = read_split(corpus, "test_2016_flickr", "en"), read_split(corpus, "test_2017_flickr", "en")
-    return {
+    de16 = read_split(corpus, "test_2016_flickr", "de")
+    mixed = {f"test_2016_flickr en with {share}% German lines": mix(t16, de16, share / 100, window, seed=20 + share)
+             for share in (10, 25, 50)}
+    return mixed | {
         "test_2016_flickr en": windows(t16, window, 10, seed=11),
         "test_2017_flickr en": windows(t17, window, 10, seed=12),
         "test_2017_mscoco en (COCO)": windows(read_split(corpus, "test_2017_mscoco", "en"), window, 5, seed=13),
@@ -50,6 +53,20 @@ def cases(corpus: Path, which: str, window: int) -> dict[str, list[list[str]]]:
         "test_2016_flickr en 30% words noised": [insert_noise(w, 0.3, seed=i)
                                                  for i, w in enumerate(windows(t16, window, 5, seed=17))],
     }
+
+
+def mix(english: list[str], other: list[str], share: float, window: int, seed: int, count: int = 5) -> list[list[str]]:
+    """``count`` windows of ``window`` sentences, ``share`` of them from ``other`` (the detection limit)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    k = round(share * window)
+    out = []
+    for _ in range(count):
+        w = [english[i] for i in rng.choice(len(english), window - k, replace=False)]
+        w += [other[i] for i in rng.choice(len(other), k, replace=False)]
+        out.append([w[i] for i in rng.permutation(len(w))])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = params.monitor
     corpus = Path(args.corpus) if args.corpus else layout.raw
     out: dict[str, list[dict]] = {}
-    print(f"monitor params: stattest {cfg.stattest} p<{cfg.stattest_threshold} {dict(cfg.thresholds)}, "
+    print(f"monitor params: stattest {cfg.stattest} threshold {cfg.stattest_threshold} {dict(cfg.thresholds)}, "
           f"drift_share {cfg.drift_share}, embeddings {cfg.embedding_method} "
           f"{cfg.embedding_threshold or 'default'}; reference {len(ref)} sentences")
     print(f"| windows | sentences | flagged | descriptors that drifted (windows) | embeddings drifted | median {cfg.embedding_method} | s/check |")

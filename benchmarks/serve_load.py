@@ -10,6 +10,10 @@ process start: the model called directly (``load_bundle`` + ``translate``) in ba
 service / direct; medians with min-max. The service runs in its own process (``aiayn serve``) so
 the clients do not share its interpreter; both sides use the same threads setting.
 
+``--server litserve`` puts the same bundle behind LitServe's dynamic batching instead
+(``benchmarks/litserve_app.py``; ``--max-batch-sentences 32`` becomes 8 requests of 1-8 sentences),
+so one run of each gives the library-vs-our-batcher comparison, each against its own direct baseline.
+
 Targets (issue 11): at 32 clients the service reaches >= 0.8x the direct batch throughput; at one
 client its p95 latency is <= the direct single-sentence p95 + 20 ms.
 """
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--server", choices=("aiayn", "litserve"), default="aiayn")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO / "src"))
@@ -129,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [str(BIN / "aiayn"), "serve", "--bundle", str(args.bundle), "--port", str(port), "--poll-s", "0",
            "--max-batch-sentences", str(args.max_batch_sentences), "--max-wait-ms", str(args.max_wait_ms),
            "--workers", str(args.workers), "--threads", str(args.threads), "--log-path", str(tmp / "requests.db")]
+    if args.server == "litserve":
+        cmd = [sys.executable, str(REPO / "benchmarks" / "litserve_app.py"), "--bundle", str(args.bundle),
+               "--port", str(port), "--max-batch-requests", str(max(1, args.max_batch_sentences // 4)),
+               "--batch-timeout-ms", str(args.max_wait_ms), "--threads", str(args.threads * args.workers)]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"))
     try:
         deadline = time.monotonic() + 120
@@ -169,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
 
-    print(f"Requests of 1-{args.most} sentences. Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
+    print(f"Server: {args.server}. Requests of 1-{args.most} sentences. Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
           f"decode {info['decode']}; service: max batch {args.max_batch_sentences} sentences, max wait "
           f"{args.max_wait_ms} ms, workers {args.workers}, threads {args.threads}; {args.rounds} alternating rounds.\n")
     print("| clients | service sent/s (min-max) | direct batch sent/s (min-max) | service / direct (min-max) | p50 ms | p95 ms | p99 ms |")

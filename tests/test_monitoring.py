@@ -165,8 +165,11 @@ def test_below_the_minimum_window_the_verdict_is_insufficient_data_never_drift(w
         check([], world["ref"], CFG, world["translator"])
 
 
-def test_summary_schema_and_the_pinned_test_is_recorded(world):
-    s = check(_english(40, 3), world["ref"], CFG, world["translator"]).summary
+@pytest.mark.parametrize("stattest, threshold, description", [("ks", 0.01, "K-S p_value"),
+                                                              ("wasserstein", 1.0, "Wasserstein distance (normed)")])
+def test_summary_schema_and_the_pinned_test_is_recorded(world, stattest, threshold, description):
+    cfg = CFG.model_copy(update={"stattest": stattest, "stattest_threshold": threshold})
+    s = check(_english(30, 3) + tiny.corpus(20, 7)[1], world["ref"], cfg, world["translator"]).summary
     assert s["schema_version"] == SUMMARY_SCHEMA_VERSION
     assert set(s) >= {"verdict", "window", "reference", "descriptors", "drifted_share", "drift_share", "embeddings",
                       "drifted", "seconds"}
@@ -175,13 +178,21 @@ def test_summary_schema_and_the_pinned_test_is_recorded(world):
     for t in s["descriptors"].values():
         assert set(t) == {"test", "test_description", "statistic", "threshold", "drifted", "current_mean",
                           "reference_mean"}
-        assert t["test"] == "ks" and "K-S" in t["test_description"] and t["threshold"] == CFG.stattest_threshold
-        assert isinstance(t["drifted"], bool) and 0.0 <= t["statistic"] <= 1.0
-        assert t["drifted"] == (t["statistic"] < t["threshold"])  # K-S: drift when p < threshold
+        assert t["test"] == stattest and description in t["test_description"] and t["threshold"] == threshold
+        assert isinstance(t["drifted"], bool) and t["statistic"] >= 0.0
+        if stattest == "ks":  # a p-value: drift when p < threshold
+            assert t["statistic"] <= 1.0 and t["drifted"] == (t["statistic"] < t["threshold"])
+        else:  # a distance: drift when >= threshold
+            assert t["drifted"] == (t["statistic"] >= t["threshold"])
+    assert any(t["drifted"] for t in s["descriptors"].values())  # 20 German lines of 50 move src_lang_score
     e = s["embeddings"]
     assert e["method"] == "mmd" and e["dims"] == CFG.embedding_dims  # reduced before the report
-    assert e["reference_rows"] == CFG.embedding_sample and e["current_rows"] == 40
-    assert "bootstrap" in e["test"] and "0.95 quantile" in e["test"] and e["threshold"] is None
+    assert e["reference_rows"] == CFG.embedding_sample and e["current_rows"] == 50
+    assert e["threshold"] == 0.035 and e["test"] == "drift when above 0.035"
+    assert e["drifted"] == (e["statistic"] > e["threshold"])
+    boot = check(_english(40, 3), world["ref"], cfg.model_copy(update={"embedding_bootstrap": True}),
+                 world["translator"]).summary["embeddings"]
+    assert "bootstrap" in boot["test"] and "0.95 quantile" in boot["test"] and boot["threshold"] is None
 
 
 def test_per_descriptor_threshold_overrides_the_default(world):

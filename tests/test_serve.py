@@ -311,6 +311,18 @@ def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(shared_se
     assert count() == before + 1
 
 
+def test_wrong_method_and_unknown_path_are_json_errors_and_counted(shared_service):
+    s, _ = shared_service
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        r = c.get("/translate")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"] == "method_not_allowed" and "GET /translate" in r.json()["detail"]
+        assert c.post("/nowhere", json={}).status_code == 404
+        m = c.get("/metrics").text
+    assert 'aiayn_requests_total{status="405"}' in m and 'aiayn_errors_total{kind="method_not_allowed"}' in m
+    assert 'aiayn_errors_total{kind="not_found"}' in m
+
+
 def test_an_unwritable_log_fails_the_request_with_503(service):
     s, cfg = service
     s.app.state.aiayn.log._db.execute("PRAGMA query_only=ON")  # a real SQLite write failure
@@ -370,6 +382,43 @@ def test_served_version_follows_the_alias(world, registry, tmp_path):
             time.sleep(0.05)
     rows = sqlite3.connect(cfg.log_path).execute("SELECT model_version FROM requests ORDER BY ts").fetchall()
     assert [r[0] for r in rows] == ["1", "3"]
+
+
+def test_alias_move_under_load_drops_no_request(world, registry, tmp_path):
+    """8 clients post without pause while a better version is registered: the swap happens under load,
+    every request is answered 200 (by the old or the new version) and logged with the version that answered."""
+    from mlflow import MlflowClient
+
+    cfg = ServeConfig(model_uri="models:/aiayn-en-de@champion", tracking_uri=registry["store"], port=tiny.free_port(),
+                      log_path=tmp_path / "requests.db", poll_s=0.2)
+    stop = threading.Event()
+    answers: list[tuple[int, str | None]] = []
+
+    def client() -> None:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            while not stop.is_set():
+                r = c.post("/translate", json={"sentences": ["a man", "the dog runs"]})
+                answers.append((r.status_code, r.json().get("model", {}).get("version")))
+
+    with Server(cfg) as s, ThreadPoolExecutor(8) as pool:
+        before = httpx.get(f"{s.url}/ready").json()["model"]["version"]
+        futures = [pool.submit(client) for _ in range(8)]
+        time.sleep(0.5)
+        best = max(float(mv.tags["bleu.test_a"]) for mv in MlflowClient(registry["store"]).search_model_versions("name='aiayn-en-de'"))
+        new = _register(registry["store"], registry["root"], world["ct2"], best + 1.0)["version"]
+        deadline = time.monotonic() + 30
+        while not any(v == new for _, v in answers[-8:]):
+            assert time.monotonic() < deadline, "the alias move was not picked up under load"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        stop.set()
+        for f in futures:
+            f.result()
+    assert {code for code, _ in answers} == {200}
+    versions = [v for _, v in answers]
+    assert before in versions and new in versions and versions.index(new) > versions.index(before)
+    rows = sqlite3.connect(cfg.log_path).execute("SELECT model_version, count(*) FROM requests GROUP BY 1").fetchall()
+    assert dict(rows) == {v: versions.count(v) for v in set(versions)}
 
 
 def test_unreachable_registry_stops_serve_with_a_message(tmp_path):

@@ -42,6 +42,7 @@ class _StderrHandler(logging.StreamHandler):
 def setup_logging(level: int = logging.INFO) -> None:
     """Log ``aiayn`` messages to stderr (rich formatting on a terminal)."""
     logger = logging.getLogger("aiayn")
+    logger.setLevel(level)  # every command sets its own level, also when an earlier one (same process) set up
     if logger.handlers:
         return
     if sys.stderr.isatty():

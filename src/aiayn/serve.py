@@ -428,6 +428,16 @@ def create_app(cfg: ServeConfig):
         state.requests.labels(str(status)).inc()
         return JSONResponse({"error": kind, "detail": message}, status_code=status)
 
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        """Routing errors (404 unknown path, 405 wrong method) answered like every other error, and counted."""
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
+        response = error(exc.status_code, kind, f"{request.method} {request.url.path}: {exc.detail}")
+        response.headers.update(exc.headers or {})  # 405 keeps its Allow header
+        return response
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "alive"}

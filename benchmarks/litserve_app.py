@@ -1,0 +1,77 @@
+"""The serving bundle behind LitServe's dynamic batching: the alternative `aiayn serve` is measured against.
+
+    python benchmarks/litserve_app.py --bundle artifacts/export --port 8000 [--max-batch-requests 8] [--batch-timeout-ms 5]
+
+Same model, same decoding options and the same ``POST /translate`` body and answer
+(``{"sentences": [...]}`` -> ``{"translations": [...]}``) as ``aiayn serve``, so
+``benchmarks/serve_load.py --server litserve`` drives both with one client. LitServe batches
+*requests* (``max_batch_size``), ``aiayn serve`` batches *sentences*; with 1-8 sentences per
+request, 8 requests hold ~36 sentences on average, near ``aiayn serve``'s 32. No request log,
+no validation, no metrics: this measures batching and transport only (the comparison favours
+LitServe). Needs ``pip install litserve==0.2.17`` (the project's ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import litserve as ls
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class TranslateAPI(ls.LitAPI):
+    def __init__(self, bundle: Path, threads: int, **kw) -> None:
+        super().__init__(**kw)
+        self.bundle, self.threads = bundle, threads
+
+    def setup(self, device: str) -> None:
+        sys.path.insert(0, str(REPO / "src"))
+        from aiayn.export import load_bundle
+        from aiayn.translate import DecodeOptions
+
+        self.translator, info = load_bundle(self.bundle, threads=self.threads)
+        self.options = DecodeOptions(**info["decode"])
+
+    def decode_request(self, request: dict) -> list[str]:
+        return request["sentences"]
+
+    def batch(self, inputs: list[list[str]]) -> list[list[str]]:
+        return inputs
+
+    def predict(self, batch: list[list[str]]) -> list[list[str]]:
+        flat = [s for request in batch for s in request]
+        out = self.translator.translate(flat, self.options)
+        answers, i = [], 0
+        for request in batch:
+            answers.append(out[i: i + len(request)])
+            i += len(request)
+        return answers
+
+    def unbatch(self, output: list[list[str]]) -> list[list[str]]:
+        return output
+
+    def encode_response(self, output: list[str]) -> dict:
+        return {"translations": output}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", type=Path, required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--max-batch-requests", type=int, default=8)
+    ap.add_argument("--batch-timeout-ms", type=float, default=5.0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    api = TranslateAPI(args.bundle.resolve(), args.threads, max_batch_size=args.max_batch_requests,
+                       batch_timeout=args.batch_timeout_ms / 1000, api_path="/translate")
+    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=120,
+                          healthcheck_path="/ready")
+    server.run(host="127.0.0.1", port=args.port, generate_client_file=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
