@@ -38,7 +38,7 @@ def sh(*cmd: str, cwd: Path, env: dict, timeout: int = 600) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, multi30k_mirror):
     root = tmp_path_factory.mktemp("dvcproj")
-    for name in ("src", "pipelines"):
+    for name in ("src", "pipelines", "monitoring"):
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(REPO / name, root / name)
