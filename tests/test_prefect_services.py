@@ -172,21 +172,23 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
         try:
             with get_client(sync_client=True) as client:
 
-                def final_state():
+                def final_state(run_id):
                     if worker.poll() is not None:
                         raise RuntimeError(f"worker exited with {worker.returncode}:\n{_tail(worker_log)}")
-                    state = client.read_flow_run(flow_run.id).state
+                    state = client.read_flow_run(run_id).state
                     return state if state is not None and state.is_final() else None
 
-                state = _wait_for(final_state, RUN_TIMEOUT_S, f"flow run {flow_run.id}", interval_s=3)
+                state = _wait_for(lambda: final_state(flow_run.id), RUN_TIMEOUT_S, f"flow run {flow_run.id}",
+                                  interval_s=3)
                 assert state.type == StateType.COMPLETED, f"{state.type}: {state.message}\n{_tail(worker_log, 80)}"
 
                 # the drift check on the worker, over the pipeline's reference: German input -> Failed
                 german = tmp_path / "german.txt"
                 german.write_text("\n".join(read_split(multi30k_mirror, "val", "de")[:60]) + "\n")
-                flow_run = run_deployment("drift-check/hourly", parameters={"input_path": str(german)},
-                                          timeout=0, as_subflow=False)
-                drift_state = _wait_for(final_state, 600, f"drift-check run {flow_run.id}", interval_s=3)
+                drift_run = run_deployment("drift-check/hourly", parameters={"input_path": str(german)},
+                                           timeout=0, as_subflow=False)
+                drift_state = _wait_for(lambda: final_state(drift_run.id), 600, f"drift-check run {drift_run.id}",
+                                        interval_s=3)
         finally:
             _stop(worker)
         assert drift_state.type == StateType.FAILED, f"{drift_state.type}: {drift_state.message}"
