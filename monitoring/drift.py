@@ -147,8 +147,8 @@ def read_text_window(path: str | Path) -> list[str]:
         lines = read_input(path.read_bytes(), source=str(path))
     except OSError as e:
         raise DriftCheckError(f"cannot read the window {path}: {e.strerror or e}") from None
-    except InputError as e:
-        raise DriftCheckError(str(e)) from None
+    except InputError as e:  # its hint names `aiayn translate`'s option, which the monitor has not
+        raise DriftCheckError(f"{str(e).split('; use --encoding-errors')[0]}: re-encode the file as UTF-8") from None
     return [s for s in lines if s.strip()]
 
 
@@ -418,7 +418,8 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
         log_path = log_path if log_path.is_absolute() else layout.root / log_path
         sentences, source = read_log_window(log_path, cfg.window_size)
     if not sentences:
-        raise DriftCheckError(f"the window ({source}) holds no sentences: nothing to check")
+        where = source.get("file") or source.get("log")
+        raise DriftCheckError(f"the window ({where}) holds no sentences: nothing to check")
     translator = _open_translator(layout, ref) if len(sentences) >= cfg.min_window else None
     result = check(sentences, ref, cfg, translator)
     summary = result.summary
@@ -433,8 +434,9 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
         if result.embedding_snapshot is not None:
             result.embedding_snapshot.save_html(str(tmp / "embeddings.html"))
         atomic_write_json(tmp / "summary.json", summary)
-    log.info("drift check: %s (%d sentences; drifted: %s); reports in %s", summary["verdict"],
-             summary["window"]["sentences"], ", ".join(summary.get("drifted", [])) or "none", target)
+    moved = f"drifted: {', '.join(summary['drifted']) or 'none'}" if summary["descriptors"] else "no test ran"
+    log.info("drift check: %s (%d sentences; %s); reports in %s", summary["verdict"],
+             summary["window"]["sentences"], moved, target)
     if track:
         from aiayn.tracking import log_drift_check
 

@@ -214,8 +214,9 @@ def test_text_window_rejects_bad_utf8_and_skips_blank_lines(tmp_path):
     f.write_bytes(b"a man\n\nthe dog\n")
     assert read_text_window(f) == ["a man", "the dog"]
     f.write_bytes(b"a man\n\xff\xfe dog\n")
-    with pytest.raises(DriftCheckError, match="line 2"):
+    with pytest.raises(DriftCheckError, match="line 2") as e:
         read_text_window(f)
+    assert "re-encode the file as UTF-8" in str(e.value) and "--encoding-errors" not in str(e.value)
     with pytest.raises(DriftCheckError, match="cannot read"):
         read_text_window(tmp_path / "missing.txt")
 

@@ -308,7 +308,10 @@ def test_cli_ctrl_c_exits_130_and_says_what_was_written(bundle, tmp_path, to_fil
     out = tmp_path / "out.txt"
     cmd = aiayn("translate", str(src), "--model-dir", str(bundle), "--beam-size", "4", "--max-tokens", "64",
                 *(["-o", str(out)] if to_file else []))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), bufsize=0)
+    # a shell that starts jobs in the background (`make test &`, some CI runners) hands them SIGINT
+    # ignored, and Python then installs no Ctrl-C handler: give the child the default disposition
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), bufsize=0,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if to_file:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".out.txt.*.tmp")) and time.monotonic() < deadline:
