@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, str(REPO / "benchmarks" / "litserve_app.py"), "--bundle", str(args.bundle),
                "--port", str(port), "--max-batch-requests", str(max(1, args.max_batch_sentences // 4)),
                "--batch-timeout-ms", str(args.max_wait_ms), "--threads", str(args.threads * args.workers)]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"))
+    # own process group: LitServe's inference workers are its children and must stop with it
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"), start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -172,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         single = direct_latency(translator, options, lines[:100])
         same = direct_request_latency(translator, options, requests_for(lines, max(args.requests, 2), 1000, args.most))
     finally:
-        server.send_signal(signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(30)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
 
     print(f"Server: {args.server}. Requests of 1-{args.most} sentences. Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
           f"decode {info['decode']}; service: max batch {args.max_batch_sentences} sentences, max wait "
