@@ -293,8 +293,25 @@ def test_aiayn_monitor_exit_codes(world, tmp_path, case, code):
     if case in ("english", "german", "few"):
         verdict = json.loads((tmp_path / "out" / "summary.json").read_text())["verdict"]
         assert verdict == {"english": "no_drift", "german": "drift", "few": "insufficient_data"}[case]
+        assert result.stdout.startswith(f"{verdict}: ")
+        if case == "german":  # one line per test, the drifted ones marked
+            assert any(line.split()[0] == "src_lang_score" and line.endswith("DRIFT") for line in result.stdout.splitlines())
     else:
         assert "error" in result.output and not (tmp_path / "out").exists()
+
+
+def test_aiayn_monitor_json_prints_the_summary(world, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from aiayn.cli import app
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"monitor": CFG.model_dump(mode="json")}))
+    (tmp_path / "w.txt").write_text("\n".join(_english(40, 3)) + "\n")
+    result = CliRunner().invoke(app, ["monitor", "--input", str(tmp_path / "w.txt"), "--json", "--no-track",
+                                      "--params", str(tmp_path / "params.yaml"), "--root", str(world["layout"].root),
+                                      "--out", str(tmp_path / "out")])
+    assert json.loads(result.stdout) == json.loads((tmp_path / "out" / "summary.json").read_text())
 
 
 def test_a_drift_check_is_logged_to_mlflow(world, tmp_path):

@@ -108,23 +108,34 @@ def monitor(
     root: RootOpt = Path("."),
     out: Annotated[Optional[Path], typer.Option(help="Report folder (default: artifacts/drift/<UTC time>).")] = None,
     track: Annotated[bool, typer.Option(help="Log the check to MLflow.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole JSON summary instead of one line per test.")] = False,
 ) -> None:
     """Check production inputs for drift against the training reference (Evidently).
 
-    Prints the JSON summary; reports (report.html, embeddings.html, summary.json) go to the
-    report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
+    Prints the verdict and one line per test (``--json``: the whole summary); reports
+    (report.html, embeddings.html, summary.json) go to the report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
     window, fewer sentences than monitor.min_window, missing reference, unreadable log).
     """
     setup_logging()
     from monitoring.drift import DriftCheckError, exit_code, run_check
 
     try:
-        summary, _ = run_check(load_params(params), Layout(root),
-                               input_path=input_path, out_dir=out, track=track)
+        summary, folder = run_check(load_params(params), Layout(root),
+                                    input_path=input_path, out_dir=out, track=track)
     except (DriftCheckError, ConfigError) as e:
         typer.echo(f"aiayn monitor: error: {e}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(json.dumps(summary, indent=2, default=str))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        typer.echo(f"{summary['verdict']}: {summary['window']['sentences']} sentences; reports in {folder}")
+        for name, t in summary["descriptors"].items():
+            typer.echo(f"  {name:18s} {t['test']} {t['statistic']:.4g} (threshold {t['threshold']:g})"
+                       f"{'  DRIFT' if t['drifted'] else ''}")
+        if summary.get("embeddings"):
+            e = summary["embeddings"]
+            typer.echo(f"  {'embeddings':18s} {e['method']} {e['statistic']:.4g} ({e['test']})"
+                       f"{'  DRIFT' if e['drifted'] else ''}")
     if summary["verdict"] == "insufficient_data":
         typer.echo(f"aiayn monitor: {summary.get('reason')}", err=True)
     raise typer.Exit(exit_code(summary["verdict"]))
