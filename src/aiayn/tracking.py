@@ -297,6 +297,38 @@ def _http_unreachable(tracking_uri: str) -> str | None:
         return f"tracking server {tracking_uri} unreachable ({reason})"
 
 
+def _open_http(tracking_uri: str) -> str | None:
+    """For an ``http(s)`` store: the reason it is unreachable, or None after setting MLflow's HTTP
+    retry/timeout defaults (``_HTTP_ENV_DEFAULTS``, unless already set). None for other stores."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    why = _http_unreachable(tracking_uri)
+    if why is None:
+        for k, v in _HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+    return why
+
+
+def _experiment_id(client: Any, tracking_uri: str, name: str) -> str:
+    """Id of experiment ``name``: created when missing (SQLite stores: artifacts beside the
+    database), restored when deleted."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return client.create_experiment(name, artifact_location=_sqlite_artifact_location(tracking_uri, name))
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+def _git_tags(project_root: Path) -> dict[str, str]:
+    """``git.dirty`` and, inside a git work tree, ``git.commit`` / ``mlflow.source.git.commit``."""
+    commit, dirty = git_commit(project_root)
+    tags = {"git.dirty": str(dirty).lower()}
+    if commit:
+        tags["git.commit"] = tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
 # --------------------------------------------------------------------------- tracker
 
 
@@ -427,13 +459,10 @@ class Tracker:
     def __enter__(self) -> Tracker:
         if not self._enabled:
             return self
-        if self.tracking_uri.startswith(("http://", "https://")):
-            why = _http_unreachable(self.tracking_uri)
-            if why:
-                self._disable(why)
-                return self
-            for k, v in _HTTP_ENV_DEFAULTS.items():
-                os.environ.setdefault(k, v)
+        why = _open_http(self.tracking_uri)
+        if why:
+            self._disable(why)
+            return self
         self._active = True
         self._guard(self._start)
         return self
@@ -469,14 +498,7 @@ class Tracker:
             atomic_write_json(self.state_path, state)
 
     def _experiment(self) -> str:
-        exp = self._client.get_experiment_by_name(self.experiment)
-        if exp is None:
-            return self._client.create_experiment(
-                self.experiment, artifact_location=_sqlite_artifact_location(self.tracking_uri, self.experiment)
-            )
-        if exp.lifecycle_stage == "deleted":
-            self._client.restore_experiment(exp.experiment_id)
-        return exp.experiment_id
+        return _experiment_id(self._client, self.tracking_uri, self.experiment)
 
     def _resolve_parent(self) -> dict[str, Any]:
         """Pick or start the parent run (rule 2 of the module doc); return the new state."""
@@ -522,11 +544,7 @@ class Tracker:
         self._client.set_terminated(old["run_id"], status="FAILED" if failed else "FINISHED")
 
     def _context_tags(self) -> dict[str, str]:
-        commit, dirty = git_commit(self.project_root)
-        tags: dict[str, str] = {"git.dirty": str(dirty).lower()}
-        if commit:
-            tags["git.commit"] = commit
-            tags["mlflow.source.git.commit"] = commit
+        tags = _git_tags(self.project_root)
         try:
             hashes = dvc_data_hashes(self.project_root)
         except ValueError as e:
@@ -984,30 +1002,22 @@ def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report
         return None
     root = Path(project_root).resolve()
     uri = resolve_tracking_uri(root, tracking_uri)
-    if uri.startswith(("http://", "https://")):
-        why = _http_unreachable(uri)
-        if why:
-            log.warning("MLflow tracking disabled: %s", why)
-            return None
-        for k, v in _HTTP_ENV_DEFAULTS.items():
-            os.environ.setdefault(k, v)
+    why = _open_http(uri)
+    if why:
+        log.warning("MLflow tracking disabled: %s", why)
+        return None
     try:
         from mlflow import MlflowClient
         from mlflow.entities import Metric, RunTag
 
         client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
-            experiment, artifact_location=_sqlite_artifact_location(uri, experiment))
         window = summary.get("window", {})
-        commit, dirty = git_commit(root)
-        tags = {"aiayn.kind": "drift-check", "drift.verdict": str(summary.get("verdict")),
-                "drift.window_source": str(window.get("file") or window.get("log") or ""),
-                "drift.reference_model_sha256": str(summary.get("reference", {}).get("model_sha256")),
-                "drift.drifted": ",".join(summary.get("drifted", [])) or "none", "git.dirty": str(dirty).lower()}
-        if commit:
-            tags["git.commit"] = tags["mlflow.source.git.commit"] = commit
-        run = client.create_run(exp_id, run_name="drift-check", tags=tags)
+        tags = _git_tags(root) | {
+            "aiayn.kind": "drift-check", "drift.verdict": str(summary.get("verdict")),
+            "drift.window_source": str(window.get("file") or window.get("log") or ""),
+            "drift.reference_model_sha256": str(summary.get("reference", {}).get("model_sha256")),
+            "drift.drifted": ",".join(summary.get("drifted", [])) or "none"}
+        run = client.create_run(_experiment_id(client, uri, experiment), run_name="drift-check", tags=tags)
         now = int(time.time() * 1000)
         values: dict[str, float] = {"window.sentences": float(window.get("sentences", 0))}
         if summary.get("drifted_share") is not None:
