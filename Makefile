@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 ## which --no-deps would leave without its CUDA libraries ("libcudnn.so.9: cannot open shared object").
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install run test test-fast test-services ui clean
+.PHONY: install system-deps run test test-fast test-services ui clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -29,6 +29,24 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 install: $(VENV)/.installed
 
+## Programs the `services` tests start (Debian packages): PostgreSQL, and Chromium + ChromeDriver for
+## the browser test. Installed with apt-get when missing and we are root (CI, containers); otherwise the
+## tests that need them are skipped with a message (`sudo make system-deps` installs them).
+SYSTEM_PACKAGES := postgresql chromium chromium-driver
+system-deps:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  echo "installing$$missing (Debian packages)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
+	else \
+	  echo "note: missing Debian packages:$$missing; the services tests that need them will be skipped (sudo make system-deps installs them)"; \
+	fi
+
 ## The main job: the Prefect `pipeline` flow = fetch the corpus (download, or copy from
 ## $$AIAYN_DATA_MIRROR) -> `dvc repro` (DVC decides what is stale) -> `dvc push` -> report.
 run: install
@@ -36,14 +54,14 @@ run: install
 	dvc metrics show
 
 ## Every CPU tier: unit, slow (whole smoke pipelines) and services (a real Prefect server). CI runs this.
-test: install
+test: install system-deps
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 ## The quick unit tier (pytest's default markers): for the edit-test loop.
 test-fast: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-services: install
+test-services: install system-deps
 	$(PY) -m pytest -m services $(PYTEST_ARGS)
 
 ## Open the MLflow UI on the local store (http://127.0.0.1:5000).

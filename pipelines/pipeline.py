@@ -18,7 +18,9 @@ One run of this flow is one pipeline run:
    so ``python`` is this interpreter. A failed stage fails this flow with
    ``StageFailedError`` carrying the stage's own message.
 4. **Push** (``io_task``, retried on ``OSError`` and DVC upload errors): ``Repo.push()``
-   to the default DVC remote. A project without a remote is *reported, not fatal*: the
+   to the remote named by ``AIAYN_DVC_REMOTE`` (e.g. ``s3``, the team's bucket; its endpoint and
+   credentials come from the usual AWS variables), else the default DVC remote. A project
+   without a remote is *reported, not fatal*: the
    report says "not pushed" with DVC's reason. (The project's ``.dvc/config`` is where a
    remote belongs, e.g. ``dvc remote add -d local ../.dvc-remote``; this flow never edits it.)
 5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``): BLEU / chrF /
@@ -47,10 +49,12 @@ from aiayn.tracking import Tracker, dvc_data_hashes
 from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task
 from pipelines.stage import ERROR_FILE_ENV, PIPELINE_RUN_ENV
 
-__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
+__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY", "REMOTE_ENV"]
 
 #: Key of the markdown artifact (Prefect UI -> Artifacts); lowercase letters, digits, dashes.
 REPORT_KEY = "aiayn-pipeline-report"
+#: Names the DVC remote the flow pushes to (``.dvc/config`` defines ``local`` and ``s3``); unset: the default.
+REMOTE_ENV = "AIAYN_DVC_REMOTE"
 
 #: Environment variable the stage trackers read to nest under this run's MLflow parent.
 PARENT_RUN_ENV = "AIAYN_PARENT_RUN_ID"
@@ -150,15 +154,17 @@ def dvc_cache_data(root: str) -> dict[str, str]:
 
 @io_task(name="dvc-push", transient=TRANSIENT_ERRORS + _upload_error())
 def dvc_push(root: str) -> dict[str, Any]:
-    """Push DVC-tracked data and outputs to the default remote; a missing remote is reported, not raised."""
+    """Push DVC-tracked data and outputs to the remote named by ``AIAYN_DVC_REMOTE``, else the default
+    remote; no default remote is reported, not raised. A named remote that ``.dvc/config`` lacks raises
+    DVC's ``RemoteNotFoundError`` (a misconfiguration, never a silent skip)."""
     from dvc.config import NoRemoteError
     from dvc.repo import Repo
 
     logger = get_run_logger()
     with contextlib.chdir(root), Repo(root) as repo:
-        remote = repo.config["core"].get("remote")
+        remote = os.environ.get(REMOTE_ENV) or repo.config["core"].get("remote")
         try:
-            pushed = repo.push()
+            pushed = repo.push(remote=remote)
         except NoRemoteError as e:
             logger.warning("not pushed: %s", e)
             return {"pushed": None, "remote": None, "reason": str(e).strip()}

@@ -10,7 +10,8 @@ project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
 ``dest/*.dvc``        the project's data versions (``data.dvc``), unchanged
 ``dest/src/``         a copy of the core's sources (the stages' DVC ``deps``; the code
                       that runs is still the installed ``aiayn``)
-``dest/.dvc/``        ``dvc init --no-scm``, default remote ``local`` = ``dest/.dvc-remote``
+``dest/.dvc/``        ``dvc init --no-scm``, default remote ``local`` = ``dest/.dvc-remote``;
+                      the project's other remotes (``s3``) copied as they are
 
 ``data/`` is left empty: the ``fetch`` flow (or ``pipeline``) fills it.
 """
@@ -39,6 +40,22 @@ def resolved_params_yaml(params_path: str | Path) -> str:
     preset = resolved.pop("model_preset")
     resolved["model"] = {"preset": preset, **resolved["model"]}
     return f"# resolved from {params_path} by pipelines.scratch\n" + yaml.safe_dump(resolved, sort_keys=False)
+
+
+def _shared_remotes(source: Path) -> dict[str, dict[str, str]]:
+    """The remotes of ``source/.dvc/config`` other than ``local`` (e.g. ``s3``: a team bucket, selected
+    with ``AIAYN_DVC_REMOTE``), as DVC config sections."""
+    import re
+
+    from configobj import ConfigObj
+
+    path = source / ".dvc" / "config"
+    remotes = {}
+    for section, values in (ConfigObj(str(path)) if path.is_file() else {}).items():
+        m = re.fullmatch(r'remote "(.+)"', section)
+        if m and m.group(1) != "local":
+            remotes[m.group(1)] = dict(values)
+    return remotes
 
 
 def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path = PROJECT_ROOT) -> Path:
@@ -70,4 +87,5 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
             conf["core"]["remote"] = "local"
             conf["core"]["analytics"] = False
             conf["remote"]["local"] = {"url": str(dest / ".dvc-remote")}
+            conf["remote"].update(_shared_remotes(source))
     return dest

@@ -13,17 +13,18 @@ Run with ``pytest -m services``; takes ~3-6 minutes on 2 cores.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from services import free_port as _free_port
+from services import start_process as _start
+from services import stop_process as _stop
+from services import tail as _tail
+from services import wait_for as _wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -33,48 +34,6 @@ VENV_BIN = Path(sys.executable).parent
 
 SERVER_START_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 1200
-STOP_TIMEOUT_S = 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 1.0) -> object:
-    """Poll ``predicate`` until it returns something truthy; ``TimeoutError`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not after {timeout_s} s")
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
-
-
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as out:  # the child keeps its own handle
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group, SIGKILL it if it has not exited after ``STOP_TIMEOUT_S``."""
-    if proc.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @pytest.fixture(scope="module")

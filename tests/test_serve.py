@@ -138,6 +138,17 @@ def test_registry_aliases_follow_the_bleu_rule(world, registry):
     assert str(client.get_model_version_by_alias("aiayn-en-de", CHALLENGER).version) == "2"
     mv = client.get_model_version("aiayn-en-de", "2")
     assert mv.tags["variant"] == EAGER and float(mv.tags["bleu.test_a"]) == 29.0 and mv.tags["git_commit"] == "c0ffee"
+    # the version is an MLflow 3 logged model of the pipeline run, listed as an output of that run and of
+    # the export run that logged it, with the gate BLEU on the model
+    assert mv.source.startswith("models:/m-")  # what links a version to its logged model in MLflow's OSS registry
+    model = client.get_logged_model(mv.source.removeprefix("models:/"))
+    assert model.status == "READY" and model.name == "serving_model"
+    assert [m.value for m in model.metrics if m.key == "test_a.bleu"] == [29.0]
+    export_run = client.get_run(model.tags["aiayn.export_run_id"])
+    parent_id = export_run.data.tags["mlflow.parentRunId"]
+    assert model.source_run_id == mv.run_id == parent_id  # the pipeline run: its row in the runs table shows it
+    for rid in (export_run.info.run_id, parent_id):
+        assert model.model_id in [o.model_id for o in client.get_run(rid).outputs.model_outputs]
 
 
 def test_pyfunc_model_answers_a_list_and_a_frame_alike_and_refuses_wrong_types(world, registry):

@@ -6,6 +6,7 @@ project root, so its pipeline state file is its own.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import socket
@@ -394,3 +395,85 @@ def test_import_is_lazy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
     assert tracking.__name__ == "aiayn.tracking"
+
+
+# ----------------------------------------------------------------- what the MLflow UI shows (issue 13)
+
+
+def test_experiment_kind_is_model_training(tmp_path: Path, store, client: MlflowClient) -> None:
+    with _tracker("train", tmp_path, store, experiment="kind-new"):
+        pass
+    assert client.get_experiment_by_name("kind-new").tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    old = client.create_experiment("kind-old")  # made before this rule: the tag is added on next use
+    assert tracking.EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    with _tracker("train", tmp_path, store, experiment="kind-old"):
+        pass
+    assert client.get_experiment(old).tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_headline_metrics_reach_the_pipeline_run(tmp_path: Path, store, client: MlflowClient) -> None:
+    with _tracker("train", tmp_path, store) as t:
+        t.log_metrics({"train/loss": 3.0, "lr": 1e-4}, step=10)
+        t.log_metrics({"valid_loss": 2.5, "valid_ppl": 9.0}, step=10)
+        t.log_metrics({"averaged_valid_loss": 2.4}, step=20)
+        parent_id = t.parent_run_id
+    with _tracker("evaluate", tmp_path, store) as e:
+        e.log_metrics({"test_2016_flickr.bleu": 36.8, "test_2016_flickr.chrf": 62.1,
+                       "test_2016_flickr.decode_seconds": 7.0}, step=20)
+    with _tracker("quantize", tmp_path, store) as q:  # a variant's BLEU is not the pipeline's headline
+        q.log_metrics({"ct2-int8.test_2016_flickr.bleu": 36.7}, step=0)
+    parent = client.get_run(parent_id).data.metrics
+    assert parent == {"valid_loss": 2.5, "valid_ppl": 9.0, "averaged_valid_loss": 2.4,
+                      "test_2016_flickr.bleu": 36.8, "test_2016_flickr.chrf": 62.1}
+    history = client.get_metric_history(parent_id, "valid_loss")
+    assert [(m.step, m.value) for m in history] == [(10, 2.5)]
+
+
+def _prepared_project(root: Path) -> None:
+    (root / "data.dvc").write_text(DATA_DVC)
+    (root / "params.yaml").write_text("data:\n  src_lang: en\n  tgt_lang: de\n  train_split: train\n"
+                                      "  valid_split: val\n  test_splits: [test_a, test_b]\n")
+    prepared = root / "artifacts" / "prepared"
+    prepared.mkdir(parents=True)
+    for split, n in (("train", 5), ("val", 2), ("test_a", 3), ("test_b", 1)):
+        for lang in ("en", "de"):
+            (prepared / f"{split}.{lang}").write_text("".join(f"{split} {lang} {i}\n" for i in range(n)))
+
+
+def test_datasets_are_dvc_digests(tmp_path: Path) -> None:
+    from dvc_data.hashfile.hash import file_md5
+    from dvc_objects.fs.local import LocalFileSystem
+
+    _prepared_project(tmp_path)
+    train = tracking.dvc_datasets(tmp_path, "train")
+    assert [(d["name"], d["context"]) for d in train] == [
+        ("data/multi30k", "source"), ("train.en", "training"), ("train.de", "training"),
+        ("val.en", "validation"), ("val.de", "validation")]
+    assert train[0]["digest"] == "5555eeee"  # data.dvc's md5 without DVC's ".dir" suffix
+    fs = LocalFileSystem()
+    for d in train[1:]:
+        path = tmp_path / d["source"]
+        assert d["digest"] == file_md5(str(path), fs)  # DVC's own content hash of the file
+    assert json.loads(train[1]["profile"]) == {"lines": 5, "bytes": (tmp_path / "artifacts/prepared/train.en").stat().st_size}
+    assert [d["name"] for d in tracking.dvc_datasets(tmp_path, "evaluate")] == [
+        "test_a.en", "test_a.de", "test_b.en", "test_b.de"]
+    assert tracking.dvc_datasets(tmp_path, "quantize") == []
+
+
+def test_datasets_become_run_inputs(tmp_path: Path, store, client: MlflowClient) -> None:
+    _prepared_project(tmp_path)
+    with _tracker("train", tmp_path, store) as t:
+        run_id, parent_id = t.run_id, t.parent_run_id
+    with _tracker("evaluate", tmp_path, store):
+        pass
+
+    def inputs(rid: str) -> dict[str, tuple[str, str]]:
+        got = client.get_run(rid).inputs.dataset_inputs
+        return {i.dataset.name: (i.dataset.digest, {t.key: t.value for t in i.tags}["mlflow.data.context"]) for i in got}
+
+    child = inputs(run_id)
+    assert set(child) == {"data/multi30k", "train.en", "train.de", "val.en", "val.de"}
+    assert child["val.de"][1] == "validation"
+    parent = inputs(parent_id)  # the pipeline run: everything its stages read
+    assert set(parent) == set(child) | {"test_a.en", "test_a.de", "test_b.en", "test_b.de"}
+    assert parent["test_b.en"][1] == "test"

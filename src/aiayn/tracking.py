@@ -84,6 +84,7 @@ __all__ = [
     "DRIFT_EXPERIMENT",
     "end_pipeline_run",
     "dvc_data_hashes",
+    "dvc_datasets",
     "git_commit",
     "resolve_tracking_uri",
     "tracking_enabled",
@@ -103,6 +104,17 @@ _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
 _KEY_RE = re.compile(r"^[/\w.\- :]*$")  # MLflow's allowed key characters (POSIX)
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+
+#: MLflow 3's experiment kind (read by its UI; values from the UI's ExperimentKind enum): without
+#: it, an experiment opens on the GenAI "traces" overview instead of the runs table.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+#: Child-run metrics that are also logged on the pipeline (parent) run, by stage, so the runs table
+#: compares pipeline runs on one row each: BLEU/chrF per test set, the validation loss.
+HEADLINE_METRICS = {
+    "evaluate": re.compile(r"^[\w-]+\.(bleu|chrf)$"),
+    "train": re.compile(r"^(averaged_)?valid_(loss|ppl)$"),
+}
 
 _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 _HEALTH_TIMEOUT_S = 2.0
@@ -311,12 +323,16 @@ def _open_http(tracking_uri: str) -> str | None:
 
 def _experiment_id(client: Any, tracking_uri: str, name: str) -> str:
     """Id of experiment ``name``: created when missing (SQLite stores: artifacts beside the
-    database), restored when deleted."""
+    database), restored when deleted. Its kind (tag ``EXPERIMENT_KIND_TAG``) is set to model
+    training when it has none, so MLflow 3's UI opens on the runs table, not the GenAI traces."""
     exp = client.get_experiment_by_name(name)
     if exp is None:
-        return client.create_experiment(name, artifact_location=_sqlite_artifact_location(tracking_uri, name))
+        return client.create_experiment(name, artifact_location=_sqlite_artifact_location(tracking_uri, name),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
 
 
@@ -327,6 +343,71 @@ def _git_tags(project_root: Path) -> dict[str, str]:
     if commit:
         tags["git.commit"] = tags["mlflow.source.git.commit"] = commit
     return tags
+
+
+def _md5(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.md5()  # noqa: S324 - DVC's content hash, not security
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+#: Which prepared splits each stage reads, with MLflow's dataset context tag (``mlflow.data.context``).
+_STAGE_SPLITS = {"train": (("train_split", "training"), ("valid_split", "validation")),
+                 "evaluate": (("test_splits", "test"),)}
+
+
+def dvc_datasets(project_root: str | Path, stage: str) -> list[dict[str, str]]:
+    """The DVC-versioned data a stage reads, described as MLflow dataset inputs.
+
+    For ``train``: the raw corpus (each ``*.dvc`` file's output: name = its path, digest = DVC's
+    ``md5`` from the ``.dvc`` file) and the training and validation splits; for ``evaluate``: the
+    test splits. A split is one dataset per file of ``artifacts/prepared`` (``{split}.{lang}``,
+    names and languages from ``params.yaml``'s ``data`` block): digest = the file's MD5, which is
+    DVC 3's content hash of that file (so it matches the ``.dir`` manifest of ``artifacts/prepared``
+    in the DVC cache); source = its path; profile = lines and bytes. Missing files are skipped;
+    other stages get ``[]``.
+
+    Returns:
+        ``[{"name", "digest", "source", "context", "profile"}]`` (all strings).
+    """
+    root = Path(project_root)
+    splits = _STAGE_SPLITS.get(stage)
+    if not splits:
+        return []
+    out: list[dict[str, str]] = []
+    if stage == "train":
+        for dvc_file in sorted(p for p in root.glob("*.dvc") if p.is_file()):
+            try:
+                doc = yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            for entry in doc.get("outs") or [] if isinstance(doc, Mapping) else []:
+                h = _out_hash(entry) if isinstance(entry, Mapping) else None
+                if h and entry.get("path"):
+                    out.append({"name": str(entry["path"]), "digest": h.removesuffix(".dir"),
+                                "source": f"{dvc_file.name}: {entry['path']} (DVC {h})", "context": "source",
+                                "profile": json.dumps({"files": entry.get("nfiles"), "bytes": entry.get("size")})})
+    try:
+        data = (yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}).get("data") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return out
+    langs = [data.get("src_lang"), data.get("tgt_lang")]
+    for key, context in splits:
+        names = data.get(key) or []
+        for split in [names] if isinstance(names, str) else list(names):
+            for lang in langs:
+                f = root / "artifacts" / "prepared" / f"{split}.{lang}"
+                if not f.is_file():
+                    continue
+                with f.open("rb") as fh:
+                    lines = sum(1 for _ in fh)
+                out.append({"name": f.name, "digest": _md5(f), "source": f.relative_to(root).as_posix(),
+                            "context": context, "profile": json.dumps({"lines": lines, "bytes": f.stat().st_size})})
+    return out
 
 
 # --------------------------------------------------------------------------- tracker
@@ -493,9 +574,24 @@ class Tracker:
         )
         self._run_id = run.info.run_id
         self._set_tags(self._run_id, tags)
+        self._log_datasets()
         if state is not None:
             state["stages"][self.stage] = {"run_id": self._run_id, "status": "RUNNING"}
             atomic_write_json(self.state_path, state)
+
+    def _log_datasets(self) -> None:
+        """Log ``dvc_datasets`` of this stage as dataset inputs of the child and the parent run
+        (a failure here is one warning; tracking goes on)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        try:
+            found = dvc_datasets(self.project_root, self.stage)
+            inputs = [DatasetInput(Dataset(d["name"], d["digest"], "dvc", d["source"], profile=d["profile"]),
+                                   tags=[InputTag("mlflow.data.context", d["context"])]) for d in found]
+            for run_id in (self._run_id, self._parent_run_id) if inputs else ():
+                self._client.log_inputs(run_id, datasets=inputs)
+        except Exception as e:  # noqa: BLE001 - dataset inputs are a view, never a reason to stop tracking
+            log.warning("dataset inputs not logged: %s: %s", type(e).__name__, e)
 
     def _experiment(self) -> str:
         return _experiment_id(self._client, self.tracking_uri, self.experiment)
@@ -651,8 +747,9 @@ class Tracker:
 
         A flush (one ``MlflowClient.log_batch`` per 1000 metrics) happens every
         ``flush_every`` calls, when ``flush_seconds`` have passed since the last
-        flush, and on exit. ``parent=True`` also logs them on the parent run
-        (e.g. final BLEU, for comparing pipeline runs).
+        flush, and on exit. ``parent=True`` also logs them on the parent run;
+        the stage's ``HEADLINE_METRICS`` (BLEU/chrF per test set, validation loss)
+        always go there too, so pipeline runs compare on one row each.
 
         Raises:
             ValueError: a bad key, a value that is not a real number, or a
@@ -677,9 +774,10 @@ class Tracker:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)  # milliseconds
-        run_ids = [self._run_id, self._parent_run_id] if parent else [self._run_id]
-        for run_id in run_ids:
-            self._buffer.extend((run_id, Metric(k, v, ts, step)) for k, v in values.items())
+        self._buffer.extend((self._run_id, Metric(k, v, ts, step)) for k, v in values.items())
+        headline = HEADLINE_METRICS.get(self.stage)
+        to_parent = values if parent else {k: v for k, v in values.items() if headline and headline.match(k)}
+        self._buffer.extend((self._parent_run_id, Metric(k, v, ts, step)) for k, v in to_parent.items())
         self._calls_since_flush += 1
         if self._calls_since_flush >= self._flush_every or time.monotonic() - self._last_flush >= self._flush_seconds:
             self.flush()
@@ -796,19 +894,38 @@ class Tracker:
 
         from mlflow.exceptions import MlflowException
 
+        from mlflow.entities import LoggedModelOutput
+
+        version_tags = {f"bleu.{gate_split}": repr(bleu), "variant": variant, "gate_split": gate_split} | {
+            k: str(v) for k, v in tags.items()}
+        # an MLflow 3 logged model whose source run is the PIPELINE run (MLflow's runs table fills its Models
+        # column from the source run, and the pipeline run is the row reviewers compare), listed as an output
+        # of that run and of this export run; then a registry version of it, linked to both
+        source_run = self._parent_run_id or self._run_id
+        model = self._client.create_logged_model(self._experiment_id, name="serving_model", source_run_id=source_run,
+                                                 tags=version_tags | {"aiayn.export_run_id": self._run_id},
+                                                 model_type="translation")
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "serving_model"
             save_translation_pyfunc(bundle, local, example=example, predictor=predictor)
-            self._client.log_artifacts(self._run_id, str(local), "serving_model")
+            self._client.log_model_artifacts(model.model_id, str(local))
+        self._client.log_metric(source_run, f"{gate_split}.bleu", bleu, model_id=model.model_id)
+        self._client.finalize_logged_model(model.model_id, "READY")
+        for run_id in dict.fromkeys((self._run_id, self._parent_run_id)):
+            self._client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
         try:
             self._client.create_registered_model(name)
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        version_tags = {f"bleu.{gate_split}": repr(bleu), "variant": variant, "gate_split": gate_split} | {
-            k: str(v) for k, v in tags.items()}
-        mv = self._client.create_model_version(name, source=f"runs:/{self._run_id}/serving_model",
-                                               run_id=self._run_id, tags=version_tags)
+        # source models:/<model_id> is what links the version to the logged model (MLflow's OSS registry keeps
+        # no model_id column). For such a source MLflow's SQL registry looks the model up through the
+        # process-global tracking URI, not this client's (its own TODO), so point that at ours meanwhile.
+        from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+        with _use_tracking_uri(self.tracking_uri):
+            mv = self._client.create_model_version(name, source=f"models:/{model.model_id}", run_id=source_run,
+                                                   tags=version_tags, model_id=model.model_id)
         champion_bleu = _alias_bleu(self._client, name, CHAMPION, gate_split)
         alias = choose_alias(bleu, champion_bleu)
         self._client.set_registered_model_alias(name, alias, mv.version)
