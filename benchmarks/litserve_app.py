@@ -6,9 +6,13 @@ Same model, same decoding options and the same ``POST /translate`` body and answ
 (``{"sentences": [...]}`` -> ``{"translations": [...]}``) as ``aiayn serve``, so
 ``benchmarks/serve_load.py --server litserve`` drives both with one client. LitServe batches
 *requests* (``max_batch_size``), ``aiayn serve`` batches *sentences*; with 1-8 sentences per
-request, 8 requests hold ~36 sentences on average, near ``aiayn serve``'s 32. No request log,
-no validation, no metrics: this measures batching and transport only (the comparison favours
-LitServe). Needs ``pip install litserve==0.2.17`` (the project's ``bench`` extra).
+request, 8 requests hold ~36 sentences on average, near ``aiayn serve``'s 32.
+
+``--log-path FILE``: every request of a batch is committed to ``aiayn.serve.RequestLog`` (the same
+SQLite WAL log, one ``synchronous=FULL`` transaction per request) in ``predict``, before LitServe
+sends any answer of the batch: the durability ``aiayn serve`` gives (token counts are word counts
+here, not sentencepiece pieces). Without it: no request log; either way no validation and no metrics.
+Needs ``pip install litserve==0.2.17`` (the project's ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class TranslateAPI(ls.LitAPI):
-    def __init__(self, bundle: Path, threads: int, **kw) -> None:
+    def __init__(self, bundle: Path, threads: int, log_path: Path | None = None, **kw) -> None:
         super().__init__(**kw)
-        self.bundle, self.threads = bundle, threads
+        self.bundle, self.threads, self.log_path = bundle, threads, log_path
 
     def setup(self, device: str) -> None:
         sys.path.insert(0, str(REPO / "src"))
@@ -34,6 +38,12 @@ class TranslateAPI(ls.LitAPI):
 
         self.translator, info = load_bundle(self.bundle, threads=self.threads)
         self.options = DecodeOptions(**info["decode"])
+        self.model = {"name": "litserve", "version": "0", "variant": info.get("variant")}
+        self.log = None
+        if self.log_path is not None:
+            from aiayn.serve import RequestLog
+
+            self.log = RequestLog(self.log_path)
 
     def decode_request(self, request: dict) -> list[str]:
         return request["sentences"]
@@ -48,6 +58,14 @@ class TranslateAPI(ls.LitAPI):
         for request in batch:
             answers.append(out[i: i + len(request)])
             i += len(request)
+        if self.log is not None:  # durable before any answer of the batch leaves, as in aiayn serve
+            import time
+            import uuid
+
+            for request, answer in zip(batch, answers):
+                self.log.write(uuid.uuid4().hex, ts=time.time(), model=self.model, beam_size=self.options.beam_size,
+                               sources=request, source_tokens=[len(s.split()) for s in request],
+                               output_tokens=[len(o.split()) for o in answer], outputs=answer)
         return answers
 
     def unbatch(self, output: list[list[str]]) -> list[list[str]]:
@@ -64,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch-requests", type=int, default=8)
     ap.add_argument("--batch-timeout-ms", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--log-path", type=Path, default=None, help="commit every request to this SQLite request log")
     args = ap.parse_args(argv)
-    api = TranslateAPI(args.bundle.resolve(), args.threads, max_batch_size=args.max_batch_requests,
+    api = TranslateAPI(args.bundle.resolve(), args.threads, args.log_path, max_batch_size=args.max_batch_requests,
                        batch_timeout=args.batch_timeout_ms / 1000, api_path="/translate")
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=120,
                           healthcheck_path="/ready")

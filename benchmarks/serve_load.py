@@ -13,6 +13,8 @@ the clients do not share its interpreter; both sides use the same threads settin
 ``--server litserve`` puts the same bundle behind LitServe's dynamic batching instead
 (``benchmarks/litserve_app.py``; ``--max-batch-sentences 32`` becomes 8 requests of 1-8 sentences),
 so one run of each gives the library-vs-our-batcher comparison, each against its own direct baseline.
+Like for like by default: the LitServe app commits every request to the same SQLite request log
+before answering (``--no-log``: without it, batching and transport only).
 
 Targets (issue 11): at 32 clients the service reaches >= 0.8x the direct batch throughput; at one
 client its p95 latency is <= the direct single-sentence p95 + 20 ms.
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--server", choices=("aiayn", "litserve"), default="aiayn")
+    ap.add_argument("--no-log", action="store_true", help="litserve only: without the durable request log")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO / "src"))
@@ -138,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, str(REPO / "benchmarks" / "litserve_app.py"), "--bundle", str(args.bundle),
                "--port", str(port), "--max-batch-requests", str(max(1, args.max_batch_sentences // 4)),
                "--batch-timeout-ms", str(args.max_wait_ms), "--threads", str(args.threads * args.workers)]
+        if not args.no_log:  # like for like: the same durable request log as aiayn serve
+            cmd += ["--log-path", str(tmp / "requests.db")]
     # own process group: LitServe's inference workers are its children and must stop with it
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"), start_new_session=True)
     try:

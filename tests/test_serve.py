@@ -224,6 +224,28 @@ def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world
     assert sizes[0] == 17  # all 17 requests arrived within max_wait: one merged batch (then isolated)
 
 
+def test_a_lone_request_does_not_wait_for_company(world):
+    """With no other request queued or decoding, a batch closes at once instead of after max_wait."""
+    tr = load_bundle(world["ct2"])[0]
+    model = ServedModel(tr, OPTIONS, "m", "1", "x")
+    units = tr.prepare(world["en"][:3], OPTIONS).units
+
+    async def main():
+        b = MicroBatcher(max_batch=64, max_wait_s=5.0, workers=1)
+        b.start()
+        t0 = time.perf_counter()
+        lone = await b.submit(model, units[:1], OPTIONS)
+        lone_s = time.perf_counter() - t0
+        # two at once: the first opens the batch, sees the second outstanding and takes it along
+        pair = await asyncio.gather(b.submit(model, units[1:2], OPTIONS), b.submit(model, units[2:3], OPTIONS))
+        await b.stop()
+        return lone, lone_s, pair
+
+    lone, lone_s, pair = asyncio.run(main())
+    assert lone_s < 2.0, f"a lone request waited {lone_s:.2f} s (max_wait 5 s)"
+    assert lone == tr.translate_ids(units[:1], OPTIONS) and [p[0] for p in pair] == tr.translate_ids(units[1:3], OPTIONS)
+
+
 # --------------------------------------------------------------------------- the service
 
 

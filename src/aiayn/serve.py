@@ -18,7 +18,8 @@ How a request is served:
    unknown characters dropped, long lines split at sentence/clause/word boundaries under
    ``long_policy="split"``) on that request alone.
 3. Its decoder units join a **micro-batch** (``MicroBatcher``): the first waiting request opens a
-   batch, which closes at ``max_batch_sentences`` units or after ``max_wait_ms``; batches from
+   batch, which closes at ``max_batch_sentences`` units or after ``max_wait_ms`` (at once when no
+   other request is queued or decoding: a lone client pays no batching delay); batches from
    different requests decode together (grouped by decoding options) in ``workers`` threads. If a
    merged batch fails, each request of it is decoded alone, so a failure stays with its request.
 4. Every answered sentence is written to the **request log** (``RequestLog``: SQLite in WAL mode,
@@ -226,6 +227,7 @@ class MicroBatcher:
         self._slots = asyncio.Semaphore(workers)
         self._task: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()
+        self._outstanding = 0  # submitted requests not yet answered (queued or decoding)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -244,8 +246,12 @@ class MicroBatcher:
         if not units:
             return []
         fut = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Item(model, options, units, fut))
-        return await fut
+        self._outstanding += 1
+        try:
+            await self._queue.put(_Item(model, options, units, fut))
+            return await fut
+        finally:
+            self._outstanding -= 1
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -256,6 +262,8 @@ class MicroBatcher:
             deadline = loop.time() + self.max_wait_s
             while n < self.max_batch:
                 if self._queue.empty():
+                    if self._outstanding <= len(batch):
+                        break  # no other request anywhere (queued or decoding): waiting only adds latency
                     left = deadline - loop.time()
                     if left <= 0:
                         break
