@@ -250,6 +250,39 @@ def test_download_retries_a_reset_but_not_a_full_disk(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- report, deployments
 
 
+def test_push_goes_to_the_remote_named_by_the_environment(tmp_path, prefect_harness, monkeypatch):
+    """AIAYN_DVC_REMOTE picks the remote (e.g. the team's S3 bucket) without touching .dvc/config;
+    a name .dvc/config lacks fails the push instead of silently skipping it."""
+    from dvc.repo import Repo
+    from prefect import flow
+
+    from pipelines.pipeline import REMOTE_ENV, dvc_push
+
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "corpus.txt").write_text("a man rides a bike\n")
+    monkeypatch.chdir(root)  # DVC resolves the added path against the working directory
+    with Repo.init(str(root), no_scm=True) as repo:
+        with repo.config.edit() as conf:
+            conf["core"]["remote"] = "local"
+            conf["remote"]["local"] = {"url": str(tmp_path / "default-remote")}
+            conf["remote"]["team"] = {"url": str(tmp_path / "team-remote")}
+        repo.add("corpus.txt")
+
+    @flow
+    def push_flow() -> dict:
+        return dvc_push(str(root))
+
+    monkeypatch.setenv(REMOTE_ENV, "team")
+    assert push_flow() == {"pushed": 1, "remote": "team", "reason": None}
+    assert any((tmp_path / "team-remote").rglob("*")) and not (tmp_path / "default-remote").exists()
+    monkeypatch.setenv(REMOTE_ENV, "no-such-remote")
+    state = push_flow(return_state=True)
+    assert state.is_failed() and "no-such-remote" in state.message
+    monkeypatch.delenv(REMOTE_ENV)
+    assert push_flow()["remote"] == "local" and any((tmp_path / "default-remote").rglob("*"))
+
+
 def test_render_report_lists_every_test_set_with_signatures():
     from pipelines.pipeline import render_report
 
