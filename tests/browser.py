@@ -123,6 +123,30 @@ _MODELS_COL = "attributes.`Models`"
 # --------------------------------------------------------------------------- browser
 
 
+def _datasets_behind_more(driver: WebDriver, container: WebElement, names: list[str], dataset_name: str,
+                          labels: Callable[[WebElement], list[str]], shot: Path) -> tuple[list[str], str | None]:
+    """Open the "+N" button of a datasets list (its popover is a ``[role=dialog]``), read the names
+    there, screenshot, close. Returns (all names seen, the button's label or None when there is none)."""
+    more = [b for b in _find(container, "button") if re.fullmatch(r"\+\d+", _text(b))]
+    if not more:
+        return names, None
+    opened = _text(more[0])
+    _click(driver, more[0])
+
+    def listed(d: WebDriver) -> list[str]:
+        return _dataset_names([t for x in _find(d, "[role=dialog]") for t in labels(x)])
+
+    try:
+        WebDriverWait(driver, SETTLE_S, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: dataset_name in listed(d))
+    except TimeoutException:
+        pass
+    names = list(dict.fromkeys(names + listed(driver)))
+    _screenshot(driver, shot)
+    _press_escape(driver)
+    return names, opened
+
+
 @contextmanager
 def chromium(screens: Path) -> Iterator[WebDriver]:
     """A headless Chromium (Selenium ``WebDriver``) with a fresh profile; always quit on exit.
@@ -442,23 +466,11 @@ def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_i
     cell = _runs_table_cell(driver, parent_run_id, _DATASET_COL)
     names = _dataset_names(labels(cell))
     page["dataset_column"] = "in the cell"
-    if dataset_name not in names:
-        more = [b for b in _find(cell, "button") if re.fullmatch(r"\+\d+", _text(b))] if cell else []
-        if more:
-            page["dataset_column"] = f"in the popover of '{_text(more[0])}'"
-            _click(driver, more[0])
-
-            def listed(d: WebDriver) -> list[str]:
-                return _dataset_names([t for x in _find(d, "[role=dialog]") for t in labels(x)])
-
-            try:
-                WebDriverWait(driver, SETTLE_S, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
-                    lambda d: dataset_name in listed(d))
-            except TimeoutException:
-                pass
-            names = list(dict.fromkeys(names + listed(driver)))
-            _screenshot(driver, Path(screens) / "mlflow-experiment-runs-datasets.png")
-            _press_escape(driver)
+    if dataset_name not in names and cell:
+        names, opened = _datasets_behind_more(driver, cell, names, dataset_name, labels,
+                                              Path(screens) / "mlflow-experiment-runs-datasets.png")
+        if opened:
+            page["dataset_column"] = f"in the popover of '{opened}'"
     page["datasets_shown"] = names
     if dataset_name not in names:
         raise AssertionError(f"runs table: Dataset column of run '{parent_run_name}' does not show "
@@ -543,22 +555,10 @@ def _check_run_page(driver: WebDriver, base: str, exp_id: str, *, parent_run_id:
     box = _wait(driver, timeout_s, "'Datasets' in 'About this run'", lambda d: d.find_elements(By.XPATH, ds_xp))[0]
     names = _dataset_names(_dataset_labels(box))
     if dataset_name not in names:
-        more = [b for b in _find(box, "button") if re.fullmatch(r"\+\d+", _text(b))]
-        if more:
-            page["datasets_opened"] = _text(more[0])
-            _click(driver, more[0])
-
-            def listed(d: WebDriver) -> list[str]:  # the "+N" popover is a [role=dialog]
-                return _dataset_names([t for x in _find(d, "[role=dialog]") for t in _dataset_labels(x)])
-
-            try:
-                WebDriverWait(driver, SETTLE_S, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
-                    lambda d: dataset_name in listed(d))
-            except TimeoutException:
-                pass
-            names = list(dict.fromkeys(names + listed(driver)))
-            _screenshot(driver, Path(screens) / "mlflow-run-datasets.png")
-            _press_escape(driver)
+        names, opened = _datasets_behind_more(driver, box, names, dataset_name, _dataset_labels,
+                                              Path(screens) / "mlflow-run-datasets.png")
+        if opened:
+            page["datasets_opened"] = opened
     page["datasets_shown"] = names
     if dataset_name not in names:
         raise AssertionError(f"run page: dataset '{dataset_name}' not under 'Datasets' (shows {names}) on {url}")
