@@ -477,3 +477,50 @@ def test_datasets_become_run_inputs(tmp_path: Path, store, client: MlflowClient)
     parent = inputs(parent_id)  # the pipeline run: everything its stages read
     assert set(parent) == set(child) | {"test_a.en", "test_a.de", "test_b.en", "test_b.de"}
     assert parent["test_b.en"][1] == "test"
+
+
+# ----------------------------------------------------------------- concurrent stages, DVC experiments (issue 15)
+
+CONCURRENT_STAGE = r"""
+import sys
+from aiayn.tracking import Tracker
+root, uri, i = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Tracker(f"train", project_root=root, tracking_uri=uri, end_pipeline=True) as t:
+    if not t.active:
+        raise SystemExit("tracking disabled")
+    for step in range(50):
+        t.log_metrics({"loss": 10.0 - step / 10 + i}, step=step)
+    print(t.run_id)
+"""
+
+
+def test_four_stage_processes_on_a_fresh_store_all_land(tmp_path: Path) -> None:
+    """Queued DVC experiments start their stages at once: on a fresh SQLite store, MLflow's schema
+    creation raced and runs were lost ("MLflow tracking disabled"). Every process must land."""
+    uri = f"sqlite:///{(tmp_path / 'fresh.db').as_posix()}"
+    procs = []
+    for i in range(4):
+        root = tmp_path / f"exp{i}"
+        root.mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-c", CONCURRENT_STAGE, str(root), uri, str(i)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    client = MlflowClient(tracking_uri=uri)
+    for out, _ in outs:
+        history = client.get_metric_history(out.strip().splitlines()[-1], "loss")
+        assert [m.step for m in history] == list(range(50))
+
+
+def test_dvc_experiment_copies_track_into_the_projects_store(tmp_path: Path, monkeypatch) -> None:
+    """`dvc exp run --temp` / queued runs execute in a copy under .dvc/tmp/exps; DVC gives their
+    stages DVC_ROOT = the project. The default store is the project's, not the copy's."""
+    project = tmp_path / "project"
+    copy = project / ".dvc" / "tmp" / "exps" / "tmpabc123"
+    copy.mkdir(parents=True)
+    assert resolve_tracking_uri(copy) == f"sqlite:///{(copy / 'mlflow.db').as_posix()}"
+    monkeypatch.setenv("DVC_ROOT", str(project))
+    assert resolve_tracking_uri(copy) == f"sqlite:///{(project / 'mlflow.db').as_posix()}"
+    assert resolve_tracking_uri(project) == f"sqlite:///{(project / 'mlflow.db').as_posix()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")  # an explicit store still wins
+    assert resolve_tracking_uri(copy) == "http://tracking:5000"

@@ -131,11 +131,42 @@ def tracking_enabled(enabled: bool = True) -> bool:
 
 def resolve_tracking_uri(project_root: str | Path, tracking_uri: str | None = None) -> str:
     """The tracking URI: ``tracking_uri``, else env ``MLFLOW_TRACKING_URI``, else
-    ``sqlite:///<project_root>/mlflow.db`` (absolute)."""
+    ``sqlite:///<project>/mlflow.db`` (absolute). ``<project>`` is ``project_root``, except inside a
+    DVC experiment copy (``dvc exp run --temp`` / ``--queue`` run the stages in a copy under
+    ``<project>/.dvc/tmp/``, which DVC deletes afterwards): there it is the project DVC names in the
+    stage's ``DVC_ROOT``, so the runs land in the project's store."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    return f"sqlite:///{(Path(project_root).resolve() / 'mlflow.db').as_posix()}"
+    root = Path(project_root).resolve()
+    dvc_root = os.environ.get("DVC_ROOT")
+    if dvc_root and root.is_relative_to(Path(dvc_root).resolve() / ".dvc" / "tmp"):
+        root = Path(dvc_root).resolve()
+    return f"sqlite:///{(root / 'mlflow.db').as_posix()}"
+
+
+def _open_sqlite(tracking_uri: str) -> None:
+    """Create (and migrate) a SQLite store once, under an exclusive file lock beside the database.
+
+    Stage processes that start together on a fresh store (queued DVC experiments) otherwise race in
+    MLflow's table creation, and the losers fail ("table ... already exists"). No-op for other URIs.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    db = Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+            client.search_experiments(max_results=1)  # the tracking store: tables + migrations
+            client.search_registered_models(max_results=1)  # the registry store, same database
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
@@ -551,6 +582,7 @@ class Tracker:
     def _start(self) -> None:
         from mlflow import MlflowClient
 
+        _open_sqlite(self.tracking_uri)
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         tags = self._context_tags()
         env_parent = os.environ.get("AIAYN_PARENT_RUN_ID")
@@ -1127,6 +1159,7 @@ def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report
         from mlflow import MlflowClient
         from mlflow.entities import Metric, RunTag
 
+        _open_sqlite(uri)
         client = MlflowClient(tracking_uri=uri)
         window = summary.get("window", {})
         tags = _git_tags(root) | {
