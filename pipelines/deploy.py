@@ -13,6 +13,7 @@ Usage (``PREFECT_API_URL`` names the server)::
 
     python -m pipelines.deploy deploy [--root DIR] [--pool NAME]  # register; a worker runs them
     python -m pipelines.deploy serve  [--root DIR]                # or run them from this process
+    python -m pipelines.deploy deploy-cluster [--image IMG] [--gpus N]  # nightly on a GPU node (Kubernetes)
     python -m pipelines.deploy list                               # print the schedule
 
 ``deploy`` creates the work pool (type ``process``) when missing. Flows are
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,12 @@ if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
 __all__ = [
+    "ClusterJob",
+    "K8S_WORK_POOL",
+    "k8s_base_job_template",
+    "cluster_job_variables",
+    "build_cluster_deployment",
+    "deploy_cluster",
     "DeploymentSpec",
     "WORK_POOL",
     "WORK_POOL_TYPE",
@@ -110,6 +119,82 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
 )
 
 
+#: The cluster pool: each flow run is a Kubernetes Job started by a ``prefect-kubernetes`` worker
+#: (``prefect worker start --pool aiayn-k8s``, running anywhere that can reach the cluster's API).
+K8S_WORK_POOL = "aiayn-k8s"
+K8S_WORK_POOL_TYPE = "kubernetes"
+#: Variables every cluster flow run gets from the deploying environment (where the team's services
+#: are): the MLflow server, the S3 DVC remote and the Prefect API. Credentials never travel this way:
+#: they come from the Kubernetes Secret ``ClusterJob.s3_secret`` (``envFrom``).
+CLUSTER_ENV = ("MLFLOW_TRACKING_URI", "AIAYN_DVC_REMOTE", "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL")
+
+
+@dataclass(frozen=True)
+class ClusterJob:
+    """What a flow run on ``K8S_WORK_POOL`` gets: the project image (``Dockerfile``, built with
+    ``--build-arg TORCH_VARIANT=cu128`` for a GPU node; the project lives at ``root`` in it), GPUs
+    (``nvidia.com/gpu``, the NVIDIA device plugin's resource; a toleration for its taint), CPU and
+    memory requests, and the Secret holding ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``."""
+
+    image: str = "aiayn:cu128"
+    namespace: str = "aiayn"
+    gpus: int = 1
+    cpu: str = "8"
+    memory: str = "64Gi"
+    s3_secret: str = "aiayn-s3"
+    root: str = "/app"
+
+
+def k8s_base_job_template() -> dict[str, Any]:
+    """The cluster pool's base job template: ``prefect-kubernetes``' default Job, plus a GPU limit
+    (variable ``gpu_limit``), a toleration for ``nvidia.com/gpu`` and ``envFrom`` the Secret named by
+    variable ``s3_secret``."""
+    import copy
+
+    from prefect_kubernetes.worker import KubernetesWorker
+
+    template = copy.deepcopy(KubernetesWorker.get_default_base_job_template())
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["resources"]["limits"]["nvidia.com/gpu"] = "{{ gpu_limit }}"
+    container["envFrom"] = [{"secretRef": {"name": "{{ s3_secret }}"}}]
+    pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    props = template["variables"]["properties"]
+    props["gpu_limit"] = {"type": "integer", "default": 0, "title": "GPUs",
+                          "description": "nvidia.com/gpu limit of the flow-run container"}
+    props["s3_secret"] = {"type": "string", "default": "aiayn-s3", "title": "S3 credentials Secret",
+                          "description": "Kubernetes Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"}
+    return template
+
+
+def cluster_job_variables(job: ClusterJob, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Job variables of a cluster deployment: ``job`` plus the ``CLUSTER_ENV`` values found in ``env``
+    (default: this process's environment). Raises ``ValueError`` when ``MLFLOW_TRACKING_URI`` is missing
+    or local (a pod cannot reach this machine's SQLite store)."""
+    env = os.environ if env is None else env
+    passed = {k: env[k] for k in CLUSTER_ENV if env.get(k)}
+    if not passed.get("MLFLOW_TRACKING_URI", "").startswith(("http://", "https://")):
+        raise ValueError("a cluster deployment needs MLFLOW_TRACKING_URI = the team's MLflow server (http[s]://...); "
+                         f"got {passed.get('MLFLOW_TRACKING_URI')!r}")
+    return {"image": job.image, "namespace": job.namespace, "gpu_limit": job.gpus, "cpu_request": job.cpu,
+            "memory_request": job.memory, "s3_secret": job.s3_secret, "env": passed,
+            "labels": {"app.kubernetes.io/name": "aiayn"}}
+
+
+def build_cluster_deployment(spec: DeploymentSpec, job: ClusterJob = ClusterJob(),
+                             env: Mapping[str, str] | None = None) -> RunnerDeployment:
+    """``spec`` as a deployment on ``K8S_WORK_POOL`` (named ``<spec.name>-gpu``), running the project
+    at ``job.root`` inside ``job.image``."""
+    from prefect.deployments.runner import EntrypointType
+
+    return load_flow(spec.flow).to_deployment(
+        name=f"{spec.name}-gpu", schedules=_schedules(spec), parameters={"root": job.root, **spec.parameters},
+        description=f"{spec.description} (Kubernetes, {job.gpus} GPU)", tags=[*spec.tags, "gpu"],
+        work_pool_name=K8S_WORK_POOL, job_variables=cluster_job_variables(job, env),
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+
+
 def load_flow(ref: str) -> Flow:
     """Import ``"module:attribute"`` and return the flow. Raises ``ValueError`` if it is not a flow."""
     from prefect import Flow
@@ -162,23 +247,34 @@ def build_deployments(
 
 
 def ensure_work_pool(name: str = WORK_POOL, pool_type: str = WORK_POOL_TYPE) -> None:
-    """Create work pool ``name`` of ``pool_type`` with its default job template, unless it exists."""
+    """Create work pool ``name`` of ``pool_type`` (``process``: its default job template;
+    ``kubernetes``: ``k8s_base_job_template()``), unless it exists."""
     from prefect import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
     from prefect.workers.process import ProcessWorker
 
-    if pool_type != "process":
-        raise ValueError(f"only 'process' work pools are set up here, got {pool_type!r}")
+    if pool_type == "process":
+        template = ProcessWorker.get_default_base_job_template()
+    elif pool_type == K8S_WORK_POOL_TYPE:
+        template = k8s_base_job_template()
+    else:
+        raise ValueError(f"only 'process' and 'kubernetes' work pools are set up here, got {pool_type!r}")
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(name)
         except ObjectNotFound:
-            client.create_work_pool(
-                WorkPoolCreate(
-                    name=name, type=pool_type, base_job_template=ProcessWorker.get_default_base_job_template()
-                )
-            )
+            client.create_work_pool(WorkPoolCreate(name=name, type=pool_type, base_job_template=template))
+
+
+def deploy_cluster(job: ClusterJob = ClusterJob(), specs: tuple[DeploymentSpec, ...] = DEPLOYMENTS[:1]) -> dict[str, UUID]:
+    """Register ``specs`` (default: the nightly retrain) on ``K8S_WORK_POOL`` (created if missing)."""
+    ensure_work_pool(K8S_WORK_POOL, K8S_WORK_POOL_TYPE)
+    ids: dict[str, UUID] = {}
+    for spec in specs:
+        d = build_cluster_deployment(spec, job)
+        ids[f"{d.flow_name}/{d.name}"] = d.apply(work_pool_name=K8S_WORK_POOL)
+    return ids
 
 
 def deploy(
@@ -219,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     p_deploy = sub.add_parser("deploy", help="register the deployments on the Prefect server")
     p_deploy.add_argument("--root", default=".", help="project root the runs work in (default: .)")
     p_deploy.add_argument("--pool", default=WORK_POOL, help=f"work pool (default: {WORK_POOL})")
+    p_cluster = sub.add_parser("deploy-cluster", help="register the nightly retrain on the Kubernetes work pool")
+    p_cluster.add_argument("--image", default=ClusterJob.image, help=f"project image (default: {ClusterJob.image})")
+    p_cluster.add_argument("--namespace", default=ClusterJob.namespace)
+    p_cluster.add_argument("--gpus", type=int, default=ClusterJob.gpus)
     p_serve = sub.add_parser("serve", help="serve the deployments from this process")
     p_serve.add_argument("--root", default=".", help="project root the runs work in (default: .)")
     sub.add_parser("list", help="print the deployments and their schedules")
@@ -232,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, deployment_id in deploy(args.root, args.pool).items():
             print(f"deployed {name} ({deployment_id}) on work pool {args.pool}")
         print(f"start a worker: prefect worker start --pool {args.pool}")
+    elif args.command == "deploy-cluster":
+        job = ClusterJob(image=args.image, namespace=args.namespace, gpus=args.gpus)
+        for name, deployment_id in deploy_cluster(job).items():
+            print(f"deployed {name} ({deployment_id}) on work pool {K8S_WORK_POOL}")
+        print(f"start a worker where the cluster is reachable: prefect worker start --pool {K8S_WORK_POOL}")
     else:
         serve(args.root)
     return 0

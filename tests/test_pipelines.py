@@ -283,6 +283,49 @@ def test_push_goes_to_the_remote_named_by_the_environment(tmp_path, prefect_harn
     assert push_flow()["remote"] == "local" and any((tmp_path / "default-remote").rglob("*"))
 
 
+def test_cluster_deployment_renders_a_gpu_job_manifest_without_a_cluster():
+    """The nightly retrain on the Kubernetes pool: the Job a worker would submit, rendered by
+    prefect-kubernetes' own job configuration (no cluster, no API: the Prefect client is a stub)."""
+    import asyncio
+    import uuid
+    from unittest import mock
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    from pipelines.deploy import (
+        DEPLOYMENTS, K8S_WORK_POOL, ClusterJob, build_cluster_deployment, cluster_job_variables,
+        k8s_base_job_template)
+
+    env = {"MLFLOW_TRACKING_URI": "http://mlflow.aiayn.svc:5000", "AIAYN_DVC_REMOTE": "s3",
+           "AWS_ENDPOINT_URL_S3": "http://minio.aiayn.svc:9000", "PREFECT_API_URL": "http://prefect.aiayn.svc:4200/api",
+           "AWS_SECRET_ACCESS_KEY": "never-in-a-manifest", "HOME": "/root"}
+    job = ClusterJob(image="registry.example/aiayn:cu128", gpus=2, cpu="16", memory="96Gi")
+    deployment = build_cluster_deployment(DEPLOYMENTS[0], job, env)
+    assert (deployment.name, deployment.work_pool_name, deployment.parameters) == (
+        "nightly-gpu", K8S_WORK_POOL, {"root": "/app", "push": True})
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
+
+    cfg = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(
+        k8s_base_job_template(), deployment.job_variables, client=mock.AsyncMock()))
+    cfg.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="nightly-run"))
+    manifest = cfg.job_manifest
+    assert manifest["kind"] == "Job" and manifest["metadata"]["namespace"] == "aiayn"
+    pod = manifest["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example/aiayn:cu128"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container["resources"]["requests"] == {"cpu": "16", "memory": "96Gi"}
+    assert container["envFrom"] == [{"secretRef": {"name": "aiayn-s3"}}]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    got = {e["name"]: e.get("value") for e in container["env"]}
+    for k in ("MLFLOW_TRACKING_URI", "AIAYN_DVC_REMOTE", "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL"):
+        assert got[k] == env[k]
+    assert "AWS_SECRET_ACCESS_KEY" not in got and "HOME" not in got  # credentials come from the Secret only
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI"):  # a pod cannot reach a local SQLite store
+        cluster_job_variables(job, {"MLFLOW_TRACKING_URI": "sqlite:///mlflow.db"})
+
+
 def test_render_report_lists_every_test_set_with_signatures():
     from pipelines.pipeline import render_report
 
