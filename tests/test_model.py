@@ -240,10 +240,15 @@ def test_source_padding_does_not_change_output(backend):
 # ---------------------------------------------------------------- KV cache
 
 
+VARIANTS = [{"positions": "learned"}, {"positions": "rope"}, {"positions": "alibi"}, {"norm_type": "rmsnorm"},
+            {"positions": "rope", "norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "n_kv_heads": 1},
+            {"positions": "alibi", "attention_backend": "reference", "n_heads": 8, "n_kv_heads": 2}]
+
+
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"norm": "pre"}, {"activation": "gelu"}, {"activation": "swiglu", "n_kv_heads": 1},
-     {"attention_backend": "reference", "n_kv_heads": None}],  # fmt: skip
+     {"attention_backend": "reference", "n_kv_heads": None}, *VARIANTS],  # fmt: skip
 )
 def test_cached_decode_matches_full_recompute(overrides):
     gen = torch.Generator().manual_seed(6)
@@ -260,6 +265,64 @@ def test_cached_decode_matches_full_recompute(overrides):
             steps.append(model.decode(tgt[:, t : t + 1], None, None, kv_cache=cache))
     assert cache.length == 6 and cache.has_cross
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=F32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_variants_are_padding_invariant(overrides):
+    """Source padding and target padding leave real positions unchanged for every variant."""
+    gen = torch.Generator().manual_seed(14)
+    model = tiny_model(**overrides)
+    src = random_tokens(gen, 2, 9, [9, 4])
+    tgt = random_tokens(gen, 2, 5, [5, 5])
+    with torch.no_grad():
+        both = model(src, tgt)
+        torch.testing.assert_close(model(src[1:, :4], tgt[1:]), both[1:], atol=F32_ATOL, rtol=0)
+        padded = torch.cat([tgt, torch.full((2, 3), PAD_ID)], dim=1)
+        torch.testing.assert_close(model(src, padded)[:, :5], both, atol=F32_ATOL, rtol=0)
+
+
+def test_variant_parameter_counts():
+    """learned adds the table; rope and alibi add nothing; rmsnorm drops every norm bias."""
+    cfg = tiny_cfg(n_kv_heads=None)
+    base = Transformer(cfg, device="meta").num_parameters()
+    count = lambda **o: Transformer(tiny_cfg(n_kv_heads=None, **o), device="meta").num_parameters()  # noqa: E731
+    assert count(positions="learned") == base + cfg.max_positions * cfg.d_model
+    assert count(positions="rope") == count(positions="alibi") == base
+    n_norms = cfg.n_layers * (2 + 3)  # post-norm: 2 per encoder layer, 3 per decoder layer
+    assert count(norm_type="rmsnorm") == base - n_norms * cfg.d_model
+    assert count(norm_type="rmsnorm", norm="pre") == count(norm="pre") - (n_norms + 2) * cfg.d_model  # + final norms
+    with pytest.raises(ValueError):
+        tiny_cfg(positions="relative")
+
+
+def test_rope_and_alibi_depend_on_the_offset_only():
+    """Shifting every position by the same amount leaves the attention scores unchanged."""
+    from aiayn.model.positions import RotaryPositions, alibi_bias, alibi_slopes
+
+    gen = torch.Generator().manual_seed(15)
+    rope = RotaryPositions(head_dim=8, max_positions=64)
+    q, k = torch.randn(2, 3, 5, 8, generator=gen), torch.randn(2, 3, 7, 8, generator=gen)
+    scores = rope.rotate(q, 0) @ rope.rotate(k, 0).transpose(-1, -2)
+    shifted = rope.rotate(q, 11) @ rope.rotate(k, 11).transpose(-1, -2)
+    torch.testing.assert_close(shifted, scores, atol=F32_ATOL, rtol=0)
+    assert not torch.allclose(rope.rotate(q, 0) @ rope.rotate(k, 3).transpose(-1, -2), scores, atol=1e-3)
+    slopes = alibi_slopes(8)
+    assert slopes.tolist() == [2.0 ** -(i + 1) for i in range(8)]  # Press et al. 2022: 1/2, 1/4, ..., 1/256
+    # not a power of two: the 4-head slopes, then every other one of the 8-head slopes (their reference code)
+    assert alibi_slopes(6).tolist() == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    a = alibi_bias(slopes, torch.arange(0, 5), torch.arange(0, 7))
+    torch.testing.assert_close(alibi_bias(slopes, torch.arange(9, 14), torch.arange(9, 16)), a)
+    assert a[0, 0, 4, 1].item() == -0.5 * 3
+
+
+def test_alibi_with_the_triton_backend_falls_back_to_sdpa(caplog):
+    with caplog.at_level(logging.INFO, logger="aiayn"):
+        model = tiny_model(positions="alibi", attention_backend="triton")
+    assert model.attention_backend == "sdpa"
+    assert "positions='alibi' needs an additive score bias" in caplog.text
+    with pytest.raises(ValueError, match="no additive score bias"):
+        attend_triton(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), causal=False,
+                      key_padding_mask=None, dropout_p=0.0, bias=torch.zeros(1, 1, 2, 2))
 
 
 def test_kv_cache_reorder_and_nbytes():

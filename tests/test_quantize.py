@@ -122,11 +122,24 @@ def test_parallel_workers_decode_exactly_like_one(tok, tmp_path, beam):
         assert one == eager_translate_ids(model, srcs, opts)
 
 
-@pytest.mark.parametrize("field, value", [("activation", "swiglu"), ("n_kv_heads", 1)])
+@pytest.mark.parametrize("field, value", [("activation", "swiglu"), ("n_kv_heads", 1), ("positions", "rope"),
+                                          ("positions", "alibi"), ("norm_type", "rmsnorm")])
 def test_unsupported_config_is_refused_naming_the_field(tok, field, value):
     model = _model(tok, **{field: value})
     with pytest.raises(UnsupportedModelError, match=field):
         AiaynConverter(model, tok)
+
+
+def test_learned_positions_convert_and_decode_like_eager(tok, tmp_path):
+    """A learned table goes where the sinusoid table goes: greedy CTranslate2 output = the eager decoder's."""
+    model = _model(tok, positions="learned")
+    assert isinstance(model.positions.table, torch.nn.Parameter)
+    _ct2(model, tok, tmp_path)
+    en, _ = _corpus(20, 5)
+    srcs = Translator(model, tok).encode(en)
+    opts = DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=5)
+    ct2 = CT2Translator(tmp_path / "ct2", tok, max_positions=model.cfg.max_positions)
+    assert ct2.translate_ids(srcs, opts, batch_size=4) == eager_translate_ids(model, srcs, opts)
 
 
 def test_unknown_new_model_field_is_refused(monkeypatch):

@@ -99,10 +99,15 @@ class ModelConfig(_Strict):
     n_layers: int = Field(6, ge=1, description="Layers in the encoder and in the decoder each.")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="P_drop of paper Section 5.4 (residual + embeddings).")
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    max_positions: int = Field(1024, ge=8, description="Longest sequence (tokens) the sinusoid table covers.")
+    max_positions: int = Field(1024, ge=8, description="Longest source or target sequence (tokens) the model accepts.")
     norm: Literal["post", "pre"] = Field("post", description="post = paper (LayerNorm after residual add); pre = pre-norm variant.")
     activation: Literal["relu", "gelu", "swiglu"] = "relu"
     share_embeddings: bool = Field(True, description="Tie source, target and output embeddings (paper Section 3.4).")
+    positions: Literal["sinusoidal", "learned", "rope", "alibi"] = Field(
+        "sinusoidal", description="sinusoidal = paper Sec. 3.5; learned = a trained table (Gehring et al. 2017); "
+        "rope = rotary self-attention (Su et al. 2021); alibi = distance bias (Press et al. 2022). aiayn.model.positions")
+    norm_type: Literal["layernorm", "rmsnorm"] = Field(
+        "layernorm", description="layernorm = paper (Ba et al. 2016); rmsnorm = Zhang & Sennrich 2019.")
     attention_backend: AttentionBackend = "auto"
 
     @model_validator(mode="after")

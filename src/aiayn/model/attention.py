@@ -4,7 +4,7 @@
 
 Every backend is a function::
 
-    attend(q, k, v, *, causal, key_padding_mask, dropout_p) -> (B, n_heads, Tq, head_dim)
+    attend(q, k, v, *, causal, key_padding_mask, dropout_p, bias=None) -> (B, n_heads, Tq, head_dim)
 
     q                 (B, n_heads, Tq, head_dim)
     k, v              (B, n_kv_heads, Tk, head_dim); n_heads % n_kv_heads == 0. Query head h
@@ -15,6 +15,8 @@ Every backend is a function::
                       key" for one new query after a KV cache (Tq == 1).
     key_padding_mask  (B, Tk) bool, True = padding (key ignored), or None.
     dropout_p         dropout on the attention probabilities; callers pass 0.0 outside training.
+    bias              additive score bias (B or 1, n_heads, Tq, Tk) float (ALiBi), or None. The
+                      ``triton`` backend has none (raises): the model then uses ``sdpa``.
 
 A query row whose keys are all masked returns zeros (never NaN) in every backend.
 
@@ -102,6 +104,7 @@ def attend_reference(
     causal: bool,
     key_padding_mask: torch.Tensor | None,
     dropout_p: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain PyTorch attention (eq. 1) in float32 (float64 stays float64); returns ``(B, n_heads, Tq, head_dim)``.
 
@@ -115,6 +118,8 @@ def attend_reference(
     k = repeat_kv(k, n_heads).to(acc)  # (B, n_heads, Tk, head_dim)
     v = repeat_kv(v, n_heads).to(acc)  # (B, n_heads, Tk, head_dim)
     scores = q.to(acc) @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (B, n_heads, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias.to(acc)
     allowed = _allowed_mask(B, Tq, Tk, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(acc).min)
@@ -136,6 +141,7 @@ def attend_sdpa(
     causal: bool,
     key_padding_mask: torch.Tensor | None,
     dropout_p: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention``; returns ``(B, n_heads, Tq, head_dim)``.
 
@@ -148,10 +154,21 @@ def attend_sdpa(
     Tk = k.shape[2]
     k = repeat_kv(k, n_heads)  # (B, n_heads, Tk, head_dim)
     v = repeat_kv(v, n_heads)  # (B, n_heads, Tk, head_dim)
-    if key_padding_mask is None and (not causal or Tq == Tk or Tq == 1):
+    if bias is None and key_padding_mask is None and (not causal or Tq == Tk or Tq == 1):
         is_causal = causal and Tq == Tk and Tq > 1  # Tq == 1 after a cache: every key is visible
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+    if causal and Tq == 1:
+        causal = False  # one new query after a KV cache sees every cached key
     allowed = _allowed_mask(B, Tq, Tk, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+    if bias is not None:  # a float mask: the bias where allowed, -inf elsewhere (rows with no key: 0, zeroed below)
+        mask = bias.to(q.dtype).expand(B, n_heads, Tq, Tk)
+        if allowed is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        any_key = allowed.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq, 1)
+        mask = mask.masked_fill(~(allowed | ~any_key), float("-inf"))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return out.masked_fill(~any_key, 0.0)  # (B, n_heads, Tq, head_dim)
+    allowed = allowed if allowed is not None else torch.ones(1, 1, Tq, Tk, dtype=torch.bool, device=q.device)
     any_key = allowed.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~any_key, dropout_p=dropout_p)
     return out.masked_fill(~any_key, 0.0)  # (B, n_heads, Tq, head_dim)
@@ -193,18 +210,21 @@ def attend_triton(
     causal: bool,
     key_padding_mask: torch.Tensor | None,
     dropout_p: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton flash-attention kernel; returns ``(B, n_heads, Tq, head_dim)``.
 
     Raises ``ValueError`` for ``dropout_p > 0`` (the kernel has no dropout: set
     ``ModelConfig.attention_dropout=0`` or pick another backend), for a padding mask that is
-    not right padding (pads must all come after the real keys of a row), for ``causal`` with
+    not right padding (pads must all come after the real keys of a row), for a ``bias``, for ``causal`` with
     ``1 < Tq != Tk`` (the kernel aligns causality top-left), and for non-CUDA tensors unless
     ``TRITON_INTERPRET=1``. Rows with zero real keys get zeros (the kernel guarantees it).
     """
     _check_shapes(q, k, v, key_padding_mask)
     if dropout_p > 0.0:
         raise ValueError(f"triton attention backend has no dropout, got dropout_p={dropout_p}")
+    if bias is not None:
+        raise ValueError("triton attention backend has no additive score bias (ALiBi); use 'sdpa'")
     B, n_heads, Tq, head_dim = q.shape
     Tk = k.shape[2]
     if causal and Tq == 1:

@@ -1,4 +1,17 @@
-"""Sinusoidal position encodings (Vaswani et al. 2017, Section 3.5).
+"""Position information: the paper's sinusoids and the variants ``ModelConfig.positions`` offers.
+
+- ``sinusoidal`` (the paper, ``SinusoidalPositions``), added to the embeddings.
+- ``learned`` (``LearnedPositions``): a trained table, added to the embeddings (Gehring et al. 2017,
+  "Convolutional Sequence to Sequence Learning", Sec. 3.1; the paper's Table 3 row (E)).
+- ``rope`` (``RotaryPositions``): queries and keys of self-attention rotated by their absolute
+  position, so their dot product depends on the offset only (Su et al. 2021, "RoFormer", Sec. 3.4,
+  eq. 34; pairs ``(x_2i, x_2i+1)`` rotated by ``pos * base ** (-2i / head_dim)``).
+- ``alibi`` (``alibi_slopes``, ``alibi_bias``): no position embedding; self-attention scores get
+  ``-slope_h * |i - j|`` (Press et al. 2022, "Train Short, Test Long", Sec. 3; the absolute distance
+  for the bidirectional encoder; in the causal decoder only ``j <= i`` is visible, where it equals the
+  paper's ``-slope_h * (i - j)``). Cross-attention gets none (source and target positions do not align).
+
+Sinusoidal encodings (Vaswani et al. 2017, Section 3.5):
 
     PE(pos, 2i)     = sin(pos / 10000 ** (2i / d_model))
     PE(pos, 2i + 1) = cos(pos / 10000 ** (2i / d_model))
@@ -18,7 +31,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["sinusoid_table", "SinusoidalPositions"]
+__all__ = ["sinusoid_table", "SinusoidalPositions", "LearnedPositions", "RotaryPositions", "alibi_slopes", "alibi_bias"]
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> torch.Tensor:
@@ -53,9 +66,86 @@ class SinusoidalPositions(nn.Module):
 
         Raises ``ValueError`` if the range leaves the table (``max_positions``).
         """
-        if start < 0 or start + length > self.max_positions:
-            raise ValueError(
-                f"positions {start}..{start + length - 1} exceed max_positions={self.max_positions}; "
-                "raise ModelConfig.max_positions or shorten the input"
-            )
+        _check_range(start, length, self.max_positions)
         return self.table[start : start + length]
+
+
+def _check_range(start: int, length: int, max_positions: int) -> None:
+    if start < 0 or start + length > max_positions:
+        raise ValueError(
+            f"positions {start}..{start + length - 1} exceed max_positions={max_positions}; "
+            "raise ModelConfig.max_positions or shorten the input"
+        )
+
+
+class LearnedPositions(nn.Module):
+    """A trained position table ``(max_positions, d_model)``, added to the embeddings; initialised
+    ~ Normal(0, d_model**-0.5) (fairseq's ``LearnedPositionalEmbedding``). Same call as
+    ``SinusoidalPositions``; ``table`` is a parameter (saved in checkpoints)."""
+
+    def __init__(self, *, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        self.table = nn.Parameter(torch.empty(max_positions, d_model))  # (max_positions, d_model)
+        if not self.table.is_meta:
+            nn.init.normal_(self.table, mean=0.0, std=d_model**-0.5)
+
+    def forward(self, start: int, length: int) -> torch.Tensor:
+        """Rows ``start .. start + length - 1``: ``(length, d_model)``. ``ValueError`` beyond the table."""
+        _check_range(start, length, self.max_positions)
+        return self.table[start : start + length]
+
+
+class RotaryPositions(nn.Module):
+    """Rotary position embedding (RoFormer, Su et al. 2021, eq. 34) for ``head_dim``-wide heads.
+
+    ``rotate(x, start)``: ``x`` ``(B, H, T, head_dim)`` at positions ``start .. start + T - 1`` ->
+    same shape; feature pair ``(2i, 2i + 1)`` turned by angle ``pos * base ** (-2i / head_dim)``.
+    Tables ``(max_positions, head_dim / 2)`` are derived, non-persistent buffers (float64, rounded once).
+    Raises ``ValueError`` for an odd ``head_dim`` or positions beyond ``max_positions``.
+    """
+
+    def __init__(self, *, head_dim: int, max_positions: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
+        self.max_positions = max_positions
+        pos = torch.arange(max_positions, dtype=torch.float64, device="cpu")[:, None]  # (P, 1)
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)  # (D/2,)
+        angle = pos * inv_freq  # (P, D/2)
+        device = torch.get_default_device()
+        self.register_buffer("cos", torch.cos(angle).float().to(device), persistent=False)  # (P, D/2)
+        self.register_buffer("sin", torch.sin(angle).float().to(device), persistent=False)  # (P, D/2)
+
+    def rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        T = x.shape[-2]
+        _check_range(start, T, self.max_positions)
+        cos = self.cos[start : start + T].to(x.dtype)  # (T, D/2)
+        sin = self.sin[start : start + T].to(x.dtype)  # (T, D/2)
+        even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (B, H, T, D)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Head slopes ``(n_heads,)`` of Press et al. 2022, Sec. 3: the geometric sequence starting at
+    ``2 ** (-8 / n)`` with that ratio for ``n`` a power of two; otherwise the slopes of the nearest
+    lower power of two followed by every other slope of the next one (their reference code)."""
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if n_heads < 1:
+        raise ValueError(f"alibi needs n_heads >= 1, got {n_heads}")
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_2(n_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_2(closest) + alibi_slopes(2 * closest).tolist()[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32, device="cpu")
+
+
+def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """Additive score bias ``-slope_h * |q_pos - k_pos|``: ``(1, n_heads, Tq, Tk)`` from ``slopes``
+    ``(n_heads,)`` and positions ``(Tq,)``, ``(Tk,)`` (depends on the offset only)."""
+    dist = (q_positions[:, None] - k_positions[None, :]).abs().to(slopes.dtype)  # (Tq, Tk)
+    return (-slopes[:, None, None] * dist)[None]  # (1, n_heads, Tq, Tk)

@@ -14,7 +14,10 @@ Readable top to bottom: multi-head attention -> feed-forward -> encoder layer ->
   ``share_embeddings=False`` gives the source its own matrix; the target input embedding and
   the output projection stay tied (fairseq's ``share_decoder_input_output_embed``).
 - Sinusoidal positions (Sec. 3.5) and dropout on embeddings + positions and on every sublayer
-  output (Sec. 5.4).
+  output (Sec. 5.4). ``positions``: ``learned`` (a trained table), ``rope`` (rotary queries/keys in
+  self-attention) or ``alibi`` (distance bias on self-attention scores) instead; see
+  ``aiayn.model.positions``. ``norm_type='rmsnorm'`` replaces every LayerNorm by RMSNorm (Zhang &
+  Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4; eps 1e-6 as in LLaMA).
 
 Initialisation (not given by the paper; fairseq's convention): xavier-uniform weights and zero
 biases for every linear layer, embedding ~ Normal(0, d_model**-0.5) with the PAD row zero, so
@@ -31,9 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.config import PAD_ID, ModelConfig
-from aiayn.model.attention import AttendFn, select_backend
+from aiayn.model.attention import BACKENDS, AttendFn, logger, select_backend
 from aiayn.model.kv_cache import KVCache
-from aiayn.model.positions import SinusoidalPositions
+from aiayn.model.positions import LearnedPositions, RotaryPositions, SinusoidalPositions, alibi_bias, alibi_slopes
 
 __all__ = ["Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer"]
 
@@ -45,22 +48,31 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, *, d_model: int, n_heads: int, n_kv_heads: int, attention_dropout: float, attend: AttendFn
+        self, *, d_model: int, n_heads: int, n_kv_heads: int, attention_dropout: float, attend: AttendFn,
+        rope: RotaryPositions | None = None, alibi: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.attention_dropout = attention_dropout
         self.attend = attend
+        self.rope = rope  # rotates queries and keys by position (self-attention only)
+        if alibi:  # (n_heads,) ALiBi slopes (self-attention only)
+            self.register_buffer("alibi_slopes", alibi_slopes(n_heads).to(torch.get_default_device()), persistent=False)
+        else:
+            self.alibi_slopes = None
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model)
 
-    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``x`` ``(B, T, d_model)``: two ``(B, n_kv_heads, T, head_dim)``."""
+    def project_kv(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``x`` ``(B, T, d_model)`` at positions ``start ..``: two
+        ``(B, n_kv_heads, T, head_dim)`` (keys rotated when rotary: a cache stores them rotated)."""
         B, T, _ = x.shape
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
+        if self.rope is not None:
+            k = self.rope.rotate(k, start)
         return k, v
 
     def forward(
@@ -71,15 +83,23 @@ class MultiHeadAttention(nn.Module):
         *,
         causal: bool,
         key_padding_mask: torch.Tensor | None,
+        start: int = 0,
     ) -> torch.Tensor:
-        """Attend from queries of ``x`` ``(B, Tq, d_model)`` to ``k, v`` ``(B, n_kv_heads, Tk, head_dim)``.
+        """Attend from queries of ``x`` ``(B, Tq, d_model)`` at positions ``start ..`` to ``k, v``
+        ``(B, n_kv_heads, Tk, head_dim)`` at positions ``0 .. Tk - 1``.
 
         Returns ``(B, Tq, d_model)``. ``key_padding_mask`` ``(B, Tk)`` True = pad.
         """
         B, Tq, _ = x.shape
         q = self.q_proj(x).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, Tq, head_dim)
+        if self.rope is not None:
+            q = self.rope.rotate(q, start)
+        bias = None
+        if self.alibi_slopes is not None:
+            q_pos = torch.arange(start, start + Tq, device=x.device)
+            bias = alibi_bias(self.alibi_slopes, q_pos, torch.arange(k.shape[2], device=x.device))  # (1, H, Tq, Tk)
         dropout_p = self.attention_dropout if self.training else 0.0
-        out = self.attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p)
+        out = self.attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, bias=bias)
         out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, d_model)
         return self.out_proj(out)
 
@@ -108,13 +128,22 @@ class FeedForward(nn.Module):
         return self.w2(h)  # (B, T, d_model)
 
 
+def _norm(d_model: int, norm_type: str) -> nn.Module:
+    """``nn.LayerNorm`` (the paper) or ``nn.RMSNorm`` (eps 1e-6) over the last ``d_model`` features."""
+    if norm_type == "layernorm":
+        return nn.LayerNorm(d_model)
+    if norm_type == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=1e-6)
+    raise ValueError(f"unknown norm_type {norm_type!r}; choose 'layernorm' or 'rmsnorm'")
+
+
 class _Residual(nn.Module):
     """One sublayer connection: post-norm ``LN(x + drop(f(x)))`` or pre-norm ``x + drop(f(LN(x)))``."""
 
-    def __init__(self, *, d_model: int, dropout: float, norm: str) -> None:
+    def __init__(self, *, d_model: int, dropout: float, norm: str, norm_type: str = "layernorm") -> None:
         super().__init__()
         self.pre = norm == "pre"
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = _norm(d_model, norm_type)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
@@ -126,15 +155,16 @@ class _Residual(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention + FFN, paper Sec. 3.1 (encoder)."""
 
-    def __init__(self, cfg: ModelConfig, attend: AttendFn) -> None:
+    def __init__(self, cfg: ModelConfig, attend: AttendFn, rope: RotaryPositions | None = None) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(
             d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
-            attention_dropout=cfg.attention_dropout, attend=attend,
+            attention_dropout=cfg.attention_dropout, attend=attend, rope=rope, alibi=cfg.positions == "alibi",
         )  # fmt: skip
         self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
-        self.attn_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
-        self.ffn_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+        block = dict(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm, norm_type=cfg.norm_type)
+        self.attn_block = _Residual(**block)
+        self.ffn_block = _Residual(**block)
 
     def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
         """``x`` ``(B, S, d_model)``, ``src_pad_mask`` ``(B, S)`` True = pad -> ``(B, S, d_model)``."""
@@ -150,16 +180,17 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention + encoder-decoder attention + FFN, paper Sec. 3.1 (decoder)."""
 
-    def __init__(self, cfg: ModelConfig, attend: AttendFn) -> None:
+    def __init__(self, cfg: ModelConfig, attend: AttendFn, rope: RotaryPositions | None = None) -> None:
         super().__init__()
         mha = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
                    attention_dropout=cfg.attention_dropout, attend=attend)  # fmt: skip
-        self.self_attn = MultiHeadAttention(**mha)
-        self.cross_attn = MultiHeadAttention(**mha)
+        self.self_attn = MultiHeadAttention(**mha, rope=rope, alibi=cfg.positions == "alibi")
+        self.cross_attn = MultiHeadAttention(**mha)  # no positions: source and target do not align
         self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
-        self.self_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
-        self.cross_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
-        self.ffn_block = _Residual(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm)
+        block = dict(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm, norm_type=cfg.norm_type)
+        self.self_block = _Residual(**block)
+        self.cross_block = _Residual(**block)
+        self.ffn_block = _Residual(**block)
 
     def forward(
         self,
@@ -169,6 +200,7 @@ class DecoderLayer(nn.Module):
         *,
         layer_idx: int,
         kv_cache: KVCache | None,
+        start: int = 0,
     ) -> torch.Tensor:
         """``x`` ``(B, T, d_model)`` new target positions -> ``(B, T, d_model)``.
 
@@ -180,10 +212,10 @@ class DecoderLayer(nn.Module):
         T = x.shape[1]
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:
-            k, v = self.self_attn.project_kv(h)  # (B, n_kv_heads, T, head_dim)
+            k, v = self.self_attn.project_kv(h, start)  # (B, n_kv_heads, T, head_dim)
             if kv_cache is not None:
                 k, v = kv_cache.update(layer_idx, k, v)  # (B, n_kv_heads, cached + T, head_dim)
-            return self.self_attn(h, k, v, causal=T > 1, key_padding_mask=None)
+            return self.self_attn(h, k, v, causal=T > 1, key_padding_mask=None, start=start)
 
         def cross_attention(h: torch.Tensor) -> torch.Tensor:
             if kv_cache is not None and kv_cache.cross_k[layer_idx] is not None:
@@ -222,16 +254,23 @@ class Transformer(nn.Module):
             raise TypeError(f"Transformer needs an aiayn.config.ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.attention_backend, attend = select_backend(cfg.attention_backend, device)
+        if cfg.positions == "alibi" and self.attention_backend == "triton":  # the kernel takes no score bias
+            self.attention_backend, attend = "sdpa", BACKENDS["sdpa"]
+            logger.info("attention backend: sdpa instead of triton (positions='alibi' needs an additive score bias)")
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.tgt_embed = _embedding(cfg.vocab_size, cfg.d_model)
             self.src_embed = self.tgt_embed if cfg.share_embeddings else _embedding(cfg.vocab_size, cfg.d_model)
-            self.positions = SinusoidalPositions(max_positions=cfg.max_positions, d_model=cfg.d_model)
+            # added to the embeddings (sinusoidal, learned), or None (rope, alibi: inside self-attention)
+            self.positions = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(
+                cfg.positions, lambda **_: None)(max_positions=cfg.max_positions, d_model=cfg.d_model)
+            rope = (RotaryPositions(head_dim=cfg.head_dim, max_positions=cfg.max_positions)
+                    if cfg.positions == "rope" else None)
             self.dropout = nn.Dropout(cfg.dropout)
-            self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attend) for _ in range(cfg.n_layers))
-            self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attend) for _ in range(cfg.n_layers))
+            self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
+            self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
             pre = cfg.norm == "pre"
-            self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-            self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+            self.encoder_norm = _norm(cfg.d_model, cfg.norm_type) if pre else nn.Identity()
+            self.decoder_norm = _norm(cfg.d_model, cfg.norm_type) if pre else nn.Identity()
         self.embed_scale = math.sqrt(cfg.d_model)
         self._init_weights()
 
@@ -258,9 +297,14 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """``tokens`` ``(B, T)`` -> ``dropout(embedding * sqrt(d_model) + PE)`` ``(B, T, d_model)``."""
+        """``tokens`` ``(B, T)`` -> ``dropout(embedding * sqrt(d_model) + PE)`` ``(B, T, d_model)``
+        (no PE for rope/alibi). Raises ``ValueError`` past ``max_positions`` for every variant."""
         x = embedding(tokens) * self.embed_scale  # (B, T, d_model)
-        x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # (T, d_model) broadcast over B
+        if self.positions is not None:
+            x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # (T, d_model) broadcast over B
+        elif start + tokens.shape[1] > self.cfg.max_positions:
+            raise ValueError(f"positions {start}..{start + tokens.shape[1] - 1} exceed "
+                             f"max_positions={self.cfg.max_positions}; raise ModelConfig.max_positions or shorten the input")
         return self.dropout(x)
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,7 +381,7 @@ class Transformer(nn.Module):
             src_pad_mask = kv_cache.src_pad_mask
         x = self._embed(self.tgt_embed, tgt_in, start)  # (B, T, d_model)
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, memory, src_pad_mask, layer_idx=i, kv_cache=kv_cache)
+            x = layer(x, memory, src_pad_mask, layer_idx=i, kv_cache=kv_cache, start=start)
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.decoder_norm(x)  # (B, T, d_model)

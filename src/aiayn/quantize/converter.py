@@ -48,7 +48,7 @@ _ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activat
 #: ModelConfig fields this converter maps (any value); every other field must keep its default.
 _MAPPED_FIELDS = {
     "vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "dropout", "attention_dropout",
-    "max_positions", "norm", "activation", "share_embeddings", "attention_backend", "n_kv_heads",
+    "max_positions", "norm", "activation", "share_embeddings", "attention_backend", "n_kv_heads", "positions",
 }  # fmt: skip
 
 
@@ -67,6 +67,12 @@ def check_supported(cfg: ModelConfig) -> None:
         raise UnsupportedModelError(
             f"ModelConfig.n_kv_heads={cfg.n_kv_heads} (grouped-query attention) is not supported by the "
             "CTranslate2 converter (needs num_heads_kv and a GQA fused-QKV layout; unverified)"
+        )
+    if cfg.positions not in ("sinusoidal", "learned"):  # both are a table added to the embeddings
+        raise UnsupportedModelError(
+            f"ModelConfig.positions={cfg.positions!r} is not supported by the CTranslate2 converter: its "
+            "encoder-decoder spec takes a position table added to the embeddings (sinusoidal or learned); "
+            "rotary and ALiBi exist there for decoder-only models and are not mapped here"
         )
     if cfg.norm not in ("post", "pre"):
         raise UnsupportedModelError(f"ModelConfig.norm={cfg.norm!r} is not supported (post or pre)")

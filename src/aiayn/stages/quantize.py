@@ -16,7 +16,8 @@ core count); batch-1 latency is measured with ``intra_threads`` instead (one sen
 
 Gate: a variant whose BLEU on ``quantize.gate_split`` is more than ``quantize.max_bleu_drop`` below
 the eager float model's is ``rejected`` (in ``variant.json``, the report and the metrics) and never
-becomes the serving default. CUDA-only variants are ``skipped`` with the reason on a CPU machine.
+becomes the serving default. CUDA-only variants are ``skipped`` with the reason on a CPU machine, and
+CTranslate2 variants of a model the converter cannot map (``check_supported``: e.g. rotary positions).
 Raises ``QuantizeError`` when the ct2-float32 conversion does not reproduce the eager model's
 teacher-forced scores (``quantize.score_tolerance``): that is a converter bug, not a quality issue.
 """
@@ -37,7 +38,7 @@ from aiayn.config import Params
 from aiayn.corpus import read_lines
 from aiayn.io import atomic_dir, atomic_write_json
 from aiayn.quantize.checks import ACCEPTED, FAILED, SKIPPED, degenerate_lines, gate
-from aiayn.quantize.converter import AiaynConverter, load_bundle
+from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported, load_bundle
 from aiayn.quantize.ct2_translate import CT2Translator
 from aiayn.quantize.eager import eager_logprobs, eager_translate_ids
 from aiayn.quantize.fake_quant import LAYER_TYPES, with_fake_int8
@@ -127,6 +128,11 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                 v = VARIANTS[name]
                 entry: dict[str, Any] = v.metadata()
                 reason = unavailable_reason(v)
+                if not reason and v.library == "ctranslate2":
+                    try:
+                        check_supported(model.cfg)  # e.g. rope/alibi/rmsnorm: no CTranslate2 mapping
+                    except UnsupportedModelError as err:
+                        reason = f"not convertible to CTranslate2: {err}"
                 if reason:
                     entry |= {"status": SKIPPED, "reason": reason}
                     report["variants"][name] = entry
