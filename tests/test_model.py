@@ -295,6 +295,17 @@ def test_variant_parameter_counts():
         tiny_cfg(positions="relative")
 
 
+@pytest.mark.parametrize("preset", ["tiny", "base", "big"])
+def test_swiglu_keeps_the_parameter_count(preset):
+    """SwiGLU's hidden width is 2/3 d_ff (LLaMA): the model stays within 1 % of the ReLU model's parameters."""
+    from aiayn.model.transformer import swiglu_hidden
+
+    relu = Transformer(model_preset(preset), device="meta").num_parameters()
+    swiglu = Transformer(model_preset(preset, activation="swiglu"), device="meta").num_parameters()
+    assert abs(swiglu - relu) / relu < 0.01, (relu, swiglu)
+    assert swiglu_hidden(2048) == 1368 and swiglu_hidden(512) == 344 and swiglu_hidden(9) == 8
+
+
 def test_rope_and_alibi_depend_on_the_offset_only():
     """Shifting every position by the same amount leaves the attention scores unchanged."""
     from aiayn.model.positions import RotaryPositions, alibi_bias, alibi_slopes

@@ -8,7 +8,9 @@ Readable top to bottom: multi-head attention -> feed-forward -> encoder layer ->
 - Multi-head attention (Sec. 3.2.2), ``head_dim = d_model / n_heads``; ``n_kv_heads < n_heads``
   gives grouped-query attention (not in the paper; ``None`` = paper).
 - Position-wise FFN ``max(0, x W1 + b1) W2 + b2`` (Sec. 3.3); ``gelu`` and ``swiglu``
-  (``(silu(x W1) * x W3) W2``, no biases, ``d_ff`` used as given) are options.
+  (``(silu(x W1) * x W3) W2``, no biases; Shazeer 2020) are options. SwiGLU has three matrices, so
+  its hidden width is ``swiglu_hidden(d_ff)`` = 2/3 of ``d_ff`` rounded to a multiple of 8, which
+  keeps the FFN's parameters equal to the ReLU one's (as LLaMA does, Touvron et al. 2023, Sec. 2).
 - One embedding matrix shared by source, target and the pre-softmax projection, multiplied by
   ``sqrt(d_model)`` in the embedding layers (Sec. 3.4); the output projection has no bias.
   ``share_embeddings=False`` gives the source its own matrix; the target input embedding and
@@ -38,7 +40,7 @@ from aiayn.model.attention import BACKENDS, AttendFn, logger, select_backend
 from aiayn.model.kv_cache import KVCache
 from aiayn.model.positions import LearnedPositions, RotaryPositions, SinusoidalPositions, alibi_bias, alibi_slopes
 
-__all__ = ["Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer"]
+__all__ = ["Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer", "swiglu_hidden"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -104,6 +106,12 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out)
 
 
+def swiglu_hidden(d_ff: int) -> int:
+    """SwiGLU hidden width with the parameters of a ``d_ff`` ReLU FFN: ``3 h d ~= 2 d_ff d`` ->
+    ``h = 2 d_ff / 3``, rounded to a multiple of 8 (at least 8)."""
+    return max(8, 8 * round(2 * d_ff / 3 / 8))
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network, paper Sec. 3.3: ``(B, T, d_model) -> (B, T, d_model)``."""
 
@@ -113,6 +121,7 @@ class FeedForward(nn.Module):
             raise ValueError(f"unknown activation {activation!r}; choose 'relu', 'gelu' or 'swiglu'")
         self.activation = activation
         swiglu = activation == "swiglu"
+        d_ff = swiglu_hidden(d_ff) if swiglu else d_ff
         self.w1 = nn.Linear(d_model, d_ff, bias=not swiglu)
         self.w2 = nn.Linear(d_ff, d_model, bias=not swiglu)
         self.w3 = nn.Linear(d_model, d_ff, bias=False) if swiglu else None  # gate (Shazeer 2020)
