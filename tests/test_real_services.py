@@ -131,6 +131,9 @@ def test_mlflow_server_has_the_run_metrics_datasets_and_model(stack, pipeline_ru
     assert model_id in [o.model_id for o in parent.outputs.model_outputs]
     assert client.get_logged_model(model_id).artifact_location.startswith("mlflow-artifacts:/")
     assert float(champion.tags[f"bleu.{GATE}"]) == pytest.approx(scores[GATE]["bleu"], abs=0.5)
+    # the served variant's BLEU has its own key; `<split>.bleu` stays evaluate's (one value, never replaced)
+    assert [m.value for m in client.get_metric_history(parent.info.run_id, f"{GATE}.bleu")] == [scores[GATE]["bleu"]]
+    assert f"serving.{GATE}.bleu" in parent.data.metrics
 
 
 def test_prefect_server_has_the_flow_runs_and_report(stack, pipeline_run):

@@ -143,7 +143,9 @@ def test_registry_aliases_follow_the_bleu_rule(world, registry):
     assert mv.source.startswith("models:/m-")  # what links a version to its logged model in MLflow's OSS registry
     model = client.get_logged_model(mv.source.removeprefix("models:/"))
     assert model.status == "READY" and model.name == "serving_model"
-    assert [m.value for m in model.metrics if m.key == "test_a.bleu"] == [29.0]
+    assert [m.value for m in model.metrics if m.key == "serving.test_a.bleu"] == [29.0]
+    # evaluate's headline key on the pipeline run is never overwritten by the served variant's score
+    assert "test_a.bleu" not in client.get_run(mv.run_id).data.metrics
     export_run = client.get_run(model.tags["aiayn.export_run_id"])
     parent_id = export_run.data.tags["mlflow.parentRunId"]
     assert model.source_run_id == mv.run_id == parent_id  # the pipeline run: its row in the runs table shows it

@@ -941,7 +941,9 @@ class Tracker:
             local = Path(tmp) / "serving_model"
             save_translation_pyfunc(bundle, local, example=example, predictor=predictor)
             self._client.log_model_artifacts(model.model_id, str(local))
-        self._client.log_metric(source_run, f"{gate_split}.bleu", bleu, model_id=model.model_id)
+        # the SERVED variant's score, under its own key: `<split>.bleu` on the pipeline run is evaluate's
+        # (the float model's), which the runs table, `dvc metrics show` and the report all show
+        self._client.log_metric(source_run, f"serving.{gate_split}.bleu", bleu, model_id=model.model_id)
         self._client.finalize_logged_model(model.model_id, "READY")
         for run_id in dict.fromkeys((self._run_id, self._parent_run_id)):
             self._client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
