@@ -124,17 +124,29 @@ class EpochBatchIterator:
     def batches_in_epoch(self) -> int:
         return len(self._epoch_batches())
 
-    def next_batch(self) -> Batch:
-        """Return the next batch, moving to the next epoch when this one is used up."""
+    def next_indices(self) -> np.ndarray:
+        """Advance past the next batch and return its sentence indices (no collation).
+
+        Distributed training walks the one global sequence on every rank and collates
+        only its own shard (``aiayn.train``), so the order never depends on the world size.
+        """
         batches = self._epoch_batches()
         if self.iterations_in_epoch >= len(batches):
             self.epoch += 1
             self.iterations_in_epoch = 0
             self._batches = None
             batches = self._epoch_batches()
-        batch = collate(self.split, batches[self.iterations_in_epoch])
+        indices = batches[self.iterations_in_epoch]
         self.iterations_in_epoch += 1
-        return batch
+        return indices
+
+    def next_batch(self) -> Batch:
+        """Return the next batch, moving to the next epoch when this one is used up."""
+        return collate(self.split, self.next_indices())
+
+    def n_tgt_tokens(self, indices: np.ndarray) -> int:
+        """Target tokens of the batch ``indices`` (EOS included, padding excluded) = ``collate(...).n_tgt_tokens``."""
+        return int(np.asarray(self.split.tgt_lengths)[indices].sum()) + len(indices)
 
     @property
     def end_of_epoch(self) -> bool:

@@ -167,7 +167,9 @@ class TrainConfig(_Strict):
     max_epochs: int | None = Field(None, ge=1)
     max_time_s: float | None = Field(None, gt=0, description="Wall-clock budget in seconds for the training loop.")
     max_tokens: int = Field(4096, ge=16, description="Tokens (source or target, the larger) per batch before padding.")
-    grad_accum: int = Field(1, ge=1, description="Batches accumulated per optimizer update.")
+    grad_accum: int = Field(1, ge=1, description="Batches per optimizer update, over ALL ranks together (world-size "
+                                                 "invariant: divisible by nproc_per_node; each rank takes grad_accum / "
+                                                 "world_size of them).")
     lr_scale: float = Field(1.0, gt=0)
     warmup_steps: int = Field(4000, ge=1)
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls, paper Section 5.4.")
@@ -182,6 +184,27 @@ class TrainConfig(_Strict):
     log_every: int = Field(50, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available, else CPU.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (None: torch default).")
+    distributed: Literal["none", "ddp"] = Field(
+        "none", description="ddp: torch DistributedDataParallel over nproc_per_node processes (torchrun; NCCL on CUDA, "
+                            "gloo on CPU). The update is the same as one process's with the same grad_accum.")
+    nproc_per_node: int = Field(1, ge=1, description="Processes (ranks) on this machine; > 1 needs distributed: ddp. "
+                                                     "The train stage launches torchrun itself.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Autocast dtype of the forward pass; the loss and softmax statistics stay fp32. fp16 adds "
+                            "a dynamic loss scaler and needs CUDA; bf16 runs on CUDA (and, slowly, on CPU).")
+    compile: bool = Field(False, description="torch.compile the model for training (measured in docs/benchmarks.md).")
+    max_skipped_updates: int = Field(
+        10, ge=0, description="Updates with a non-finite gradient are skipped, counted and logged (a loss-spike guard); "
+                              "more than this many in a row raise FloatingPointError.")
+
+    @model_validator(mode="after")
+    def _check_world(self) -> "TrainConfig":
+        if self.nproc_per_node > 1 and self.distributed == "none":
+            raise ValueError(f"train.nproc_per_node={self.nproc_per_node} needs train.distributed: ddp")
+        if self.grad_accum % self.nproc_per_node:
+            raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
+                             f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")
+        return self
 
 
 class EvalConfig(_Strict):

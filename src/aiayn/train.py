@@ -6,9 +6,13 @@ nor any orchestration library.
 
 Reproducibility contract (tests/test_train.py pins it, on CPU):
 
-- ``seed`` seeds initialisation and dropout; ``data_seed`` alone fixes the
-  batch order (``aiayn.batching``). Two runs with the same seeds, data and
-  config produce bitwise-identical weights.
+- ``seed`` seeds initialisation and dropout (reseeded per global batch,
+  ``dropout_seed``); ``data_seed`` alone fixes the batch order
+  (``aiayn.batching``). Two runs with the same seeds, data and config produce
+  bitwise-identical weights.
+- N data-parallel ranks (``train.distributed: ddp``) compute the same updates as
+  one process with the same ``grad_accum`` (to fp32 summation order), and a
+  checkpoint resumes on any world size.
 - A checkpoint holds model, optimizer, every RNG state and the iterator
   position; a run stopped after any step (mid-epoch or at an epoch boundary)
   and resumed gives the same weights and per-step losses as an uninterrupted
@@ -17,6 +21,7 @@ Reproducibility contract (tests/test_train.py pins it, on CPU):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -28,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from aiayn.batching import Batch, EpochBatchIterator, collate, make_batches
+from aiayn.batching import EpochBatchIterator, collate, make_batches
 from aiayn.checkpoint import (
     TrainState,
     average_checkpoints,
@@ -42,6 +48,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
 )
 from aiayn.config import PAD_ID, ModelConfig, TrainConfig
+from aiayn.distributed import World, agree, all_reduce_sum, barrier
 from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
 
@@ -54,6 +61,7 @@ __all__ = [
     "validation_loss",
     "averaged_weights",
     "on_grid",
+    "dropout_seed",
 ]
 
 log = logging.getLogger("aiayn")
@@ -102,7 +110,8 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
     excluded: extending a run's budget resumes it rather than restarting.
     """
     budget = {"max_steps", "max_epochs", "max_time_s", "validate_every", "checkpoint_every", "keep_checkpoints",
-              "average_last", "log_every", "num_threads", "device"}
+              "average_last", "log_every", "num_threads", "device",
+              "distributed", "nproc_per_node", "compile", "max_skipped_updates"}
     payload = {
         "model": model_cfg.model_dump(mode="json"),
         "train": {k: v for k, v in train_cfg.model_dump(mode="json").items() if k not in budget},
@@ -148,6 +157,7 @@ class TrainResult:
     tokens: int = 0
     model: Transformer | None = None
     checkpoints: list[Path] = field(default_factory=list)
+    skipped_updates: int = 0  # updates skipped for a non-finite loss or gradient
 
 
 class _StopSignal:
@@ -173,8 +183,22 @@ class _StopSignal:
             signal.signal(sig, old)
 
 
-def _next_update(it: EpochBatchIterator, grad_accum: int) -> list[Batch]:
-    return [it.next_batch() for _ in range(grad_accum)]
+def dropout_seed(seed: int, step: int, batch: int) -> int:
+    """The RNG seed of global batch ``batch`` (0-based) of optimizer update ``step`` (1-based).
+
+    Dropout masks are drawn from ``torch.manual_seed(dropout_seed(...))`` set before each
+    batch's forward pass, so they are a pure function of ``(seed, step, batch)``: the same on
+    any rank and any world size (fairseq reseeds per update for the same reason). Returns an
+    int in ``[0, 2**63)``.
+    """
+    words = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, int(step), int(batch)]
+    return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def train(
@@ -188,6 +212,7 @@ def train(
     on_metrics: MetricsFn | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     resume: bool = True,
+    world: World | None = None,
 ) -> TrainResult:
     """Train (or resume training) a Transformer; checkpoints go to ``checkpoint_dir``.
 
@@ -202,22 +227,44 @@ def train(
         data_id: a string identifying the training data (e.g. its hash); part of
             the fingerprint.
         on_metrics: called as ``on_metrics({"loss": ..., "lr": ...}, step)``
-            every ``log_every`` steps and after each validation.
-        on_step: called after every step with ``(step, {"loss", "lr", "tokens_per_s"})``
-            (progress display).
+            every ``log_every`` steps and after each validation (rank 0 only).
+        on_step: called after every step with ``(step, {"loss", "lr", "tokens_per_s", "epoch",
+            "tokens", "grad_norm"})`` (progress display; rank 0 only); ``tokens`` is the update's
+            global target token count, ``grad_norm`` the global gradient L2 norm before clipping.
+        world: this process's place in a ``torch.distributed`` job (``aiayn.distributed``;
+            the process group must be initialised); default: one process.
+
+    Data parallelism is world-size invariant: an update is ``grad_accum`` consecutive
+    batches of the one global order (``aiayn.batching``), rank ``r`` of ``N`` takes batches
+    ``r, r+N, ...`` of it, and each batch's loss is divided by the update's global target
+    token count (known on every rank from the batch lengths) and multiplied by ``N``
+    (DDP averages gradients over ranks). Dropout is reseeded per global batch
+    (``dropout_seed``). So N ranks compute the update of one process with the same
+    ``grad_accum``, up to fp32 summation order, and a checkpoint resumes on any world size.
+    Rank 0 validates and writes checkpoints; stop decisions (signal, clock) are agreed
+    by all ranks every step.
 
     Returns ``TrainResult`` with the model (weights of the last step, not averaged).
-    Raises ``aiayn.checkpoint.CheckpointError`` on a corrupt checkpoint to resume.
+    Raises ``aiayn.checkpoint.CheckpointError`` on a corrupt checkpoint to resume,
+    ``ValueError`` if ``grad_accum`` is not a multiple of the world size or fp16 is asked
+    for on CPU, and ``FloatingPointError`` after more than ``max_skipped_updates``
+    consecutive updates with a non-finite gradient (each one is skipped and counted).
     On SIGTERM/SIGINT the loop writes a checkpoint at the current step and
     returns with ``stopped_by="signal"``.
     """
+    world = world or World()
+    if train_cfg.grad_accum % world.world_size:
+        raise ValueError(f"train.grad_accum={train_cfg.grad_accum} is not a multiple of the world size "
+                         f"{world.world_size}: an update is grad_accum batches over all ranks together")
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
     checkpoint_dir = Path(checkpoint_dir)
     fingerprint = config_fingerprint(model_cfg, train_cfg, data_id)
 
     use_cuda = train_cfg.device == "cuda" or (train_cfg.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = torch.device("cuda", world.local_rank) if use_cuda else torch.device("cpu")
+    if train_cfg.precision == "fp16" and not use_cuda:
+        raise ValueError("train.precision=fp16 needs CUDA (use bf16 or fp32 on CPU)")
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg, device=device)
     model.train()
@@ -228,6 +275,7 @@ def train(
         eps=train_cfg.adam_eps,
         weight_decay=train_cfg.weight_decay,
     )
+    scaler = torch.amp.GradScaler("cuda") if train_cfg.precision == "fp16" else None
     iterator = EpochBatchIterator(train_split, max_tokens=train_cfg.max_tokens, data_seed=train_cfg.data_seed)
     result = TrainResult(step=0, epoch=1, model=model)
 
@@ -239,9 +287,10 @@ def train(
                 "checkpoints in %s come from a different config or data (fingerprint %s.. != %s..); starting fresh",
                 checkpoint_dir, state.fingerprint[:12], fingerprint[:12],
             )
-            for path in existing:
-                path.unlink(missing_ok=True)
-                path.with_suffix(".safetensors").unlink(missing_ok=True)
+            if world.is_main:
+                for path in existing:
+                    path.unlink(missing_ok=True)
+                    path.with_suffix(".safetensors").unlink(missing_ok=True)
             existing = []
         else:
             seed_then = state.extra.get("seed")
@@ -251,11 +300,27 @@ def train(
             optimizer.load_state_dict(state.optimizer)
             iterator.load_state_dict(state.iterator)
             restore_rng(state.rng)
+            if scaler is not None and "grad_scaler" in state.extra:
+                scaler.load_state_dict(state.extra["grad_scaler"])
             result.step = result.resumed_from = state.step
             result.losses = {int(k): v for k, v in state.extra.get("losses", {}).items()}
+            result.skipped_updates = int(state.extra.get("skipped_updates", 0))
             log.info("resumed from %s (step %d, epoch %d)", existing[-1].name, state.step, iterator.epoch)
+    barrier(world)  # nobody trains before rank 0 has cleared foreign checkpoints
+
+    forward: Any = model
+    if world.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Buffers (sinusoid tables) are deterministic: no per-forward broadcast.
+        forward = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None,
+                                          forward_sync_buffers=False)
+    if train_cfg.compile:
+        forward = torch.compile(forward)
 
     def checkpoint() -> None:
+        if not world.is_main:
+            return
         path = save_checkpoint(
             checkpoint_dir,
             TrainState(
@@ -265,7 +330,9 @@ def train(
                 iterator=iterator.state_dict(),
                 rng=capture_rng(),
                 fingerprint=fingerprint,
-                extra={"seed": train_cfg.seed, "data_seed": train_cfg.data_seed,
+                extra={"seed": train_cfg.seed, "data_seed": train_cfg.data_seed, "world_size": world.world_size,
+                       "skipped_updates": result.skipped_updates,
+                       **({"grad_scaler": scaler.state_dict()} if scaler is not None else {}),
                        "losses": {str(k): v for k, v in result.losses.items()}},
             ),
         )
@@ -277,6 +344,8 @@ def train(
                 old.unlink(missing_ok=True)
         result.checkpoints.append(path)
 
+    mine = range(world.rank, train_cfg.grad_accum, world.world_size)  # this rank's batches of each update
+    consecutive_skips = 0
     start = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     with _StopSignal() as stop:
@@ -287,47 +356,79 @@ def train(
             if train_cfg.max_epochs is not None and iterator.epoch >= train_cfg.max_epochs and iterator.end_of_epoch:
                 result.stopped_by = "max_epochs"
                 break
-            if train_cfg.max_time_s is not None and time.perf_counter() - start >= train_cfg.max_time_s:
+            out_of_time, signalled = agree(
+                world,
+                train_cfg.max_time_s is not None and time.perf_counter() - start >= train_cfg.max_time_s,
+                stop.received is not None,
+            )
+            if out_of_time:
                 result.stopped_by = "max_time_s"
                 break
-            if stop.received is not None:
+            if signalled:
                 result.stopped_by = "signal"
                 break
 
-            batches = _next_update(iterator, train_cfg.grad_accum)
-            n_tgt = sum(b.n_tgt_tokens for b in batches)
+            update = [iterator.next_indices() for _ in range(train_cfg.grad_accum)]  # the global update
+            n_tgt = sum(iterator.n_tgt_tokens(ix) for ix in update)  # global target tokens, same on every rank
             lr = inverse_sqrt_lr(result.step + 1, d_model=model_cfg.d_model, warmup_steps=train_cfg.warmup_steps,
                                  lr_scale=train_cfg.lr_scale)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            loss_total = 0.0
-            for b in batches:
-                logits = model(b.src.to(device), b.tgt_in.to(device))  # (B, T, V)
-                loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out.to(device),
-                                                          label_smoothing=train_cfg.label_smoothing)
-                (loss / n_tgt).backward()
-                loss_total += float(loss.detach())
+            loss_local = 0.0
+            for j, k in enumerate(mine):
+                b = collate(train_split, update[k])
+                torch.manual_seed(dropout_seed(train_cfg.seed, result.step + 1, k))
+                sync = world.distributed and j == len(mine) - 1  # all-reduce gradients on the last batch only
+                with (contextlib.nullcontext() if sync or not world.distributed else forward.no_sync()):
+                    with _autocast(device, train_cfg.precision):
+                        logits = forward(b.src.to(device), b.tgt_in.to(device))  # (B, T, V)
+                    loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out.to(device),
+                                                              label_smoothing=train_cfg.label_smoothing)
+                    scaled = loss * world.world_size / n_tgt
+                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                loss_local += float(loss.detach())
+            loss_total = all_reduce_sum(world, [loss_local])[0]
+            if scaler is not None:
+                scaler.unscale_(optimizer)
             max_norm = train_cfg.clip_norm if train_cfg.clip_norm is not None else math.inf  # inf: measure only
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-            optimizer.step()
+            step_loss = loss_total / n_tgt
+            finite = math.isfinite(grad_norm) and math.isfinite(step_loss)
+            if scaler is not None:
+                scaler.step(optimizer)  # skips the update itself on inf/nan gradients
+                scaler.update()
+            elif finite:
+                optimizer.step()
             result.step += 1
             result.epoch = iterator.epoch
-            step_loss = loss_total / n_tgt
+            if finite:
+                consecutive_skips = 0
+            else:
+                result.skipped_updates += 1
+                consecutive_skips += 1
+                log.warning("step %d: non-finite %s (loss %s, grad norm %s); update skipped (%d in a row, %d in all)",
+                            result.step, "gradient" if math.isfinite(step_loss) else "loss", step_loss, grad_norm,
+                            consecutive_skips, result.skipped_updates)
+                if world.is_main and on_metrics:
+                    on_metrics({"skipped_updates": float(result.skipped_updates)}, result.step)
+                if consecutive_skips > train_cfg.max_skipped_updates:
+                    raise FloatingPointError(
+                        f"{consecutive_skips} consecutive updates had a non-finite loss or gradient (step {result.step},"
+                        f" loss {step_loss}); lower lr_scale or check the data")
             result.losses[result.step] = step_loss
             result.tokens += n_tgt
             window_tokens += n_tgt
             now = time.perf_counter()
             tokens_per_s = window_tokens / max(now - window_start, 1e-9)
-            if on_step:
-                on_step(result.step, {"loss": step_loss, "lr": lr, "tokens_per_s": tokens_per_s, "epoch": iterator.epoch})
-            if not math.isfinite(step_loss):
-                raise FloatingPointError(f"training loss is {step_loss} at step {result.step}; lower lr_scale or check the data")
-            if on_metrics and result.step % train_cfg.log_every == 0:
+            if on_step and world.is_main:
+                on_step(result.step, {"loss": step_loss, "lr": lr, "tokens_per_s": tokens_per_s, "epoch": iterator.epoch,
+                                     "tokens": n_tgt, "grad_norm": grad_norm})
+            if on_metrics and world.is_main and result.step % train_cfg.log_every == 0:
                 on_metrics({"loss": step_loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                             "epoch": float(iterator.epoch)}, result.step)
                 window_tokens, window_start = 0, now
-            if valid_split is not None and result.step % train_cfg.validate_every == 0:
+            if valid_split is not None and world.is_main and result.step % train_cfg.validate_every == 0:
                 metrics = validation_loss(model, valid_split, max_tokens=train_cfg.max_tokens,
                                           label_smoothing=train_cfg.label_smoothing)
                 result.valid[result.step] = metrics
@@ -339,6 +440,7 @@ def train(
     latest = list_checkpoints(checkpoint_dir)
     if not latest or _checkpoint_step(latest[-1]) != result.step:
         checkpoint()
+    barrier(world)  # the last checkpoint is on disk before any rank returns
     result.train_seconds = time.perf_counter() - start
     result.epoch = iterator.epoch
     return result

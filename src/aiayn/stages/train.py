@@ -13,26 +13,31 @@ run, re-run with the same params, resumes from the newest one.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import save_model
 from aiayn.config import Params
-from aiayn.io import atomic_dir, atomic_write_json, sha256_file
+from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 from aiayn.stages import Layout
 from aiayn.tokenizer import Tokenizer, encoded_files, load_encoded
 from aiayn.tracking import Tracker
-from aiayn.train import averaged_weights, train, validation_loss
+from aiayn.train import TrainResult, averaged_weights, train, validation_loss
 
 __all__ = ["run"]
 
 log = logging.getLogger("aiayn")
 
 
-def _data_id(layout: Layout, split: str) -> str:
+def data_id(layout: Layout, split: str) -> str:
+    """The training data's identity in the checkpoint fingerprint: short SHA-256s of the tokenizer and encoded files."""
     files = ["spm.model", *(p.name for p in encoded_files(layout.tokenized, split))]
     return ",".join(sha256_file(layout.tokenized / f)[:16] for f in files)
 
@@ -67,6 +72,71 @@ class _Progress:
             self.bar.stop()
 
 
+def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: _Progress) -> TrainResult:
+    """Run ``train`` on ``params.train.nproc_per_node`` ranks through torchrun (``aiayn.stages.train_worker``).
+
+    The launcher keeps the MLflow run: it forwards rank 0's metrics (``metrics.jsonl``) to
+    ``tracker`` while the job runs, and passes SIGTERM/SIGINT on to torchrun, which passes
+    it to every rank (they agree on the step, rank 0 checkpoints). Returns the rank-0
+    result with a fresh model on CPU (the caller loads the averaged weights into it).
+    Raises ``RuntimeError`` when torchrun fails (the ranks' errors are on stderr).
+    """
+    from aiayn.distributed import torchrun_command
+    from aiayn.model import Transformer
+    from aiayn.stages.train_worker import METRICS_FILE, PARAMS_FILE, RESULT_FILE
+
+    job_dir = layout.checkpoints / "torchrun"
+    if job_dir.exists():
+        shutil.rmtree(job_dir)
+    job_dir.mkdir(parents=True)
+    atomic_write_text(job_dir / PARAMS_FILE, params.model_dump_json())
+    cmd = torchrun_command(params.train.nproc_per_node, "aiayn.stages.train_worker", str(layout.root.resolve()),
+                           str(job_dir.resolve()))
+    log.info("train: launching %d ranks: %s", params.train.nproc_per_node, " ".join(cmd))
+    proc = subprocess.Popen(cmd)
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        forwarded.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    offset = 0
+    try:
+        while True:
+            done = proc.poll() is not None
+            metrics_path = job_dir / METRICS_FILE
+            if metrics_path.exists():
+                with metrics_path.open(encoding="utf-8") as f:
+                    f.seek(offset)
+                    for line in f:
+                        if not line.endswith("\n"):
+                            break  # a line being written: read it next time
+                        offset += len(line.encode("utf-8"))
+                        record = json.loads(line)
+                        tracker.log_metrics(record["metrics"], step=record["step"])
+                        m = record["metrics"]
+                        if "loss" in m:
+                            progress(record["step"], {**m, "epoch": m.get("epoch", 0)})
+            if done:
+                break
+            time.sleep(0.5)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    result_path = job_dir / RESULT_FILE
+    if not result_path.exists():
+        raise RuntimeError(f"torchrun exited with status {proc.returncode} before rank 0 wrote {result_path}"
+                           f"{' (interrupted)' if forwarded else ''}; the ranks' errors are above")
+    summary = json.loads(result_path.read_text(encoding="utf-8"))
+    if proc.returncode != 0 and summary["stopped_by"] != "signal":
+        raise RuntimeError(f"torchrun exited with status {proc.returncode}; the ranks' errors are above")
+    return TrainResult(step=summary["step"], epoch=summary["epoch"], stopped_by=summary["stopped_by"],
+                       resumed_from=summary["resumed_from"], train_seconds=summary["train_seconds"],
+                       tokens=summary["tokens"], skipped_updates=summary["skipped_updates"],
+                       model=Transformer(params.model))
+
+
 def run(params: Params, layout: Layout) -> dict[str, Any]:
     """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``.
 
@@ -88,10 +158,13 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         tracker.log_params(params.to_flat_dict() | {"model.vocab_size": model_cfg.vocab_size})
         tracker.set_tags({"seed": str(cfg.seed), "data_seed": str(cfg.data_seed), "model_preset": params.model_preset})
         with _Progress(cfg.max_steps, cfg.log_every) as progress:
-            result = train(
-                model_cfg, cfg, train_split, valid_split, layout.checkpoints,
-                data_id=_data_id(layout, params.data.train_split), on_metrics=tracker.log_metrics, on_step=progress,
-            )
+            if cfg.nproc_per_node > 1:
+                result = _train_torchrun(params.model_copy(update={"model": model_cfg}), layout, tracker, progress)
+            else:
+                result = train(
+                    model_cfg, cfg, train_split, valid_split, layout.checkpoints,
+                    data_id=data_id(layout, params.data.train_split), on_metrics=tracker.log_metrics, on_step=progress,
+                )
         if result.stopped_by == "signal":
             raise InterruptedError(
                 f"training interrupted at step {result.step}; checkpoint saved in {layout.checkpoints}, rerun to resume"
@@ -130,6 +203,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         "averaged_steps": steps,
         "train_seconds": round(result.train_seconds, 1),
         "tokens_per_s": round(tokens_per_s, 1),
+        "skipped_updates": result.skipped_updates,
+        "world_size": cfg.nproc_per_node,
         **final,
     }
     log.info("train: %s", summary)

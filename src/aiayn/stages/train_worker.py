@@ -1,0 +1,97 @@
+"""One rank of a distributed ``train`` stage: ``python -m aiayn.stages.train_worker ROOT JOB_DIR``.
+
+Started by ``torchrun`` (the ``train`` stage launches it when ``train.nproc_per_node > 1``;
+for several nodes start it yourself, see ``aiayn.distributed``). ``JOB_DIR`` holds
+``params.json`` (the resolved ``Params``, written by the launcher); rank 0 appends its
+metrics to ``JOB_DIR/metrics.jsonl`` (one ``{"step", "metrics"}`` object per line, read
+live by the launcher, which owns the MLflow run) and writes ``JOB_DIR/result.json`` at the
+end. Checkpoints go to ``layout.checkpoints`` as in a one-process run, so either kind of
+run resumes the other's.
+
+Exit status: 0 when training stopped normally or by a signal (``result.json`` says
+which); 1 on an error (its message on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.config import Params
+from aiayn.distributed import init_process_group, world_from_env
+from aiayn.io import atomic_write_json
+from aiayn.stages import Layout
+from aiayn.tokenizer import Tokenizer, load_encoded
+from aiayn.train import train
+
+__all__ = ["main", "PARAMS_FILE", "METRICS_FILE", "RESULT_FILE"]
+
+PARAMS_FILE = "params.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+
+log = logging.getLogger("aiayn")
+
+
+def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
+    """Train as this process's rank; return the ``TrainResult`` summary (written by rank 0)."""
+    from aiayn.stages.train import data_id
+
+    params = Params.model_validate_json((job_dir / PARAMS_FILE).read_text(encoding="utf-8"))
+    layout = Layout(root)
+    cfg = params.train
+    world = world_from_env()
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    backend = init_process_group(world, torch.device("cuda", world.local_rank) if use_cuda else torch.device("cpu"))
+    log.info("rank %d/%d (%s) started", world.rank, world.world_size, backend)
+    tokenizer = Tokenizer.load(layout.tokenized / "spm.model")
+    train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
+    valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
+    metrics_file = (job_dir / METRICS_FILE).open("a", encoding="utf-8") if world.is_main else None
+
+    def on_metrics(metrics: dict[str, float], step: int) -> None:
+        assert metrics_file is not None
+        metrics_file.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
+        metrics_file.flush()
+
+    try:
+        result = train(params.model, cfg, train_split, valid_split, layout.checkpoints,
+                       data_id=data_id(layout, params.data.train_split),
+                       on_metrics=on_metrics if world.is_main else None, world=world)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+    summary = {"step": result.step, "epoch": result.epoch, "stopped_by": result.stopped_by,
+               "resumed_from": result.resumed_from, "train_seconds": result.train_seconds,
+               "tokens": result.tokens, "skipped_updates": result.skipped_updates, "world_size": world.world_size}
+    if world.is_main:
+        atomic_write_json(job_dir / RESULT_FILE, summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m aiayn.stages.train_worker ROOT JOB_DIR", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        run_rank(Path(args[0]), Path(args[1]))
+    except Exception as e:  # noqa: BLE001 - one line per rank, torchrun reports the failed rank
+        print(f"train worker failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""One rank of the distributed-training tests (tests/test_distributed.py), launched by torchrun.
+
+``python -m torch.distributed.run --standalone --nproc_per_node N tests/ddp_worker.py OUT CKPT MAX_STEPS GRAD_ACCUM``
+
+Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
+``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
+appends each finished step to ``OUT/progress`` (the tests watch it to kill the job mid-run).
+``AIAYN_TEST_STEP_SLEEP`` seconds are slept after each step (so a signal lands mid-run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from aiayn.distributed import init_process_group, world_from_env
+from aiayn.train import train
+from test_train import MODEL, cfg, synthetic_split
+
+
+def main() -> int:
+    out, ckpt, max_steps, grad_accum = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    out.mkdir(parents=True, exist_ok=True)
+    world = world_from_env()
+    init_process_group(world, torch.device("cpu"))
+    sleep = float(os.environ.get("AIAYN_TEST_STEP_SLEEP", "0"))
+    steps: dict[int, list[float]] = {}
+
+    def on_step(step: int, m: dict[str, float]) -> None:
+        steps[step] = [m["loss"], m["tokens"], m["grad_norm"]]
+        with (out / "progress").open("a") as f:
+            f.write(f"{step}\n")
+        time.sleep(sleep)
+
+    result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20),
+                   synthetic_split(96), None, ckpt, on_step=on_step, world=world)
+    if world.is_main:
+        save_file({k: v.clone().contiguous() for k, v in result.model.state_dict().items()}, str(out / "weights.safetensors"))
+        (out / "steps.json").write_text(json.dumps({"steps": steps, "stopped_by": result.stopped_by,
+                                                    "resumed_from": result.resumed_from, "step": result.step}))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

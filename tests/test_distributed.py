@@ -1,0 +1,240 @@
+"""Data-parallel training (torchrun + gloo DDP on CPU): world-size-invariant updates and exact resume.
+
+Every test here starts real ``torchrun`` jobs (2 ranks, gloo) on test_train's synthetic task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
+from aiayn.config import ConfigError, params_from_dict
+from aiayn.distributed import World, agree, all_reduce_sum, torchrun_command, world_from_env
+from aiayn.batching import EpochBatchIterator
+from aiayn.train import dropout_seed, train
+from test_train import MODEL, assert_bitwise_equal, cfg, synthetic_split, weights
+
+TESTS = Path(__file__).resolve().parent
+STEPS = 20
+
+
+def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, sleep: float = 0.0,
+             wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(TESTS / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
+    env = {**os.environ, "AIAYN_TEST_STEP_SLEEP": str(sleep), "PYTHONPATH": str(TESTS)}
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def steps_of(out: Path) -> dict:
+    return json.loads((out / "steps.json").read_text())
+
+
+def one_process(tmp_path: Path, max_steps: int, grad_accum: int, name: str = "one"):
+    """The reference: one process, grad_accum batches per update, 1 thread like each torchrun rank."""
+    per_step: dict[int, list[float]] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20),
+                       synthetic_split(96), None, tmp_path / name,
+                       on_step=lambda s, m: per_step.__setitem__(s, [m["loss"], m["tokens"], m["grad_norm"]]))
+    finally:
+        torch.set_num_threads(threads)
+    return result, per_step
+
+
+def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> float:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst <= atol, f"weights differ by up to {worst:.3g}"
+    return worst
+
+
+# --- units -------------------------------------------------------------------------------------------------
+
+
+def test_world_from_torchrun_environment():
+    assert world_from_env({}) == World()
+    w = world_from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert (w.rank, w.world_size, w.local_rank, w.is_main, w.distributed) == (1, 2, 1, False, True)
+    with pytest.raises(ValueError, match="inconsistent"):
+        world_from_env({"RANK": "2", "WORLD_SIZE": "2"})
+    assert agree(World(), True, False) == (True, False)
+    assert all_reduce_sum(World(), [1.5]) == [1.5]
+
+
+def test_torchrun_command_uses_this_interpreter():
+    cmd = torchrun_command(4, "aiayn.stages.train_worker", "root", "job")
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc_per_node=4" in cmd and cmd[-4:] == ["-m", "aiayn.stages.train_worker", "root", "job"]
+    with pytest.raises(ValueError):
+        torchrun_command(0, "m")
+
+
+def test_config_refuses_inconsistent_world():
+    with pytest.raises(ConfigError, match="needs train.distributed: ddp"):
+        params_from_dict({"train": {"nproc_per_node": 2}})
+    with pytest.raises(ConfigError, match="multiple of train.nproc_per_node"):
+        params_from_dict({"train": {"distributed": "ddp", "nproc_per_node": 2, "grad_accum": 3}})
+    ok = params_from_dict({"train": {"distributed": "ddp", "nproc_per_node": 2, "grad_accum": 4}}).train
+    assert ok.grad_accum == 4
+    with pytest.raises(ValueError, match="not a multiple of the world size"):
+        train(MODEL, cfg(max_steps=1, grad_accum=3), synthetic_split(), None, "unused", world=World(0, 2, 0))
+
+
+def test_dropout_seed_is_a_pure_function_of_seed_step_and_batch():
+    assert dropout_seed(1, 5, 0) == dropout_seed(1, 5, 0)
+    assert len({dropout_seed(1, 5, 0), dropout_seed(1, 5, 1), dropout_seed(1, 6, 0), dropout_seed(2, 5, 0)}) == 4
+    assert 0 <= dropout_seed(-3, 1, 0) < 2**63
+
+
+def test_per_step_token_count_is_the_collated_count():
+    split = synthetic_split(96)
+    it = EpochBatchIterator(split, max_tokens=64, data_seed=5)
+    other = EpochBatchIterator(split, max_tokens=64, data_seed=5)
+    for _ in range(2 * it.batches_in_epoch + 1):
+        ix = it.next_indices()
+        assert it.n_tgt_tokens(ix) == other.next_batch().n_tgt_tokens
+
+
+# --- 2 ranks vs 1 process ----------------------------------------------------------------------------------
+
+
+def test_two_ddp_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_path):
+    """The world-size contract: same global batches, same token normalisation, same gradients.
+
+    A rank normalising by its own token count, or DDP's average left unscaled (a gradient
+    half as large: Adam and clipping hide most of that in the weights), shows in the
+    per-step gradient norm, so it is compared too.
+    """
+    ref, ref_steps = one_process(tmp_path, STEPS, 2)
+    torchrun(2, tmp_path / "ddp", tmp_path / "ddp_ckpt", STEPS, 2)
+    ddp = steps_of(tmp_path / "ddp")
+    assert ddp["step"] == ref.step == STEPS
+    got = {int(k): v for k, v in ddp["steps"].items()}
+    assert [got[s][1] for s in range(1, STEPS + 1)] == [ref_steps[s][1] for s in range(1, STEPS + 1)]  # tokens
+    for s in range(1, STEPS + 1):
+        assert got[s][0] == pytest.approx(ref_steps[s][0], rel=1e-5), f"loss of step {s}"
+        assert got[s][2] == pytest.approx(ref_steps[s][2], rel=1e-4), f"grad norm of step {s}"
+    assert_close_weights(load_file(str(tmp_path / "ddp" / "weights.safetensors")), weights(ref.model))
+    # and the check can fail: a different grad_accum is a different run
+    other, _ = one_process(tmp_path, STEPS, 1, name="other")
+    with pytest.raises(AssertionError):
+        assert_close_weights(load_file(str(tmp_path / "ddp" / "weights.safetensors")), weights(other.model))
+
+
+# --- exact resume ------------------------------------------------------------------------------------------
+
+
+def test_sigterm_to_torchrun_then_rerun_equals_the_uninterrupted_run_and_resumes_on_one_process(tmp_path):
+    total = 40
+    torchrun(2, tmp_path / "full", tmp_path / "full_ckpt", total, 2)
+    full = load_file(str(tmp_path / "full" / "weights.safetensors"))
+
+    out, ckpt = tmp_path / "cut", tmp_path / "cut_ckpt"
+    proc = torchrun(2, out, ckpt, total, 2, sleep=0.1, wait=False)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        done = (out / "progress").read_text().split() if (out / "progress").exists() else []
+        if len(done) >= 8:
+            break
+        assert proc.poll() is None, proc.stdout.read().decode()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to the launcher: torchrun passes it on to both ranks
+    proc.communicate(timeout=120)
+    cut = steps_of(out)
+    assert cut["stopped_by"] == "signal" and 8 <= cut["step"] < total
+    state = load_checkpoint(list_checkpoints(ckpt)[-1])
+    assert state.step == cut["step"] and state.extra["world_size"] == 2
+    per_epoch = EpochBatchIterator(synthetic_split(96), max_tokens=64, data_seed=5).batches_in_epoch
+    consumed = 2 * state.step
+    assert state.iterator == {"epoch": 1 + consumed // per_epoch, "iterations_in_epoch": consumed % per_epoch,
+                              "data_seed": 5}
+    shutil.copytree(ckpt, tmp_path / "cut_ckpt_for_one")
+
+    torchrun(2, tmp_path / "rerun", ckpt, total, 2)  # the same command again
+    rerun = steps_of(tmp_path / "rerun")
+    assert rerun["resumed_from"] == cut["step"] and rerun["step"] == total
+    assert_bitwise_equal(load_file(str(tmp_path / "rerun" / "weights.safetensors")), full)
+
+    # The 2-rank checkpoint resumed by ONE process with the same grad_accum continues the same global order.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = train(MODEL, cfg(max_steps=total, grad_accum=2, checkpoint_every=5, keep_checkpoints=20),
+                    synthetic_split(96), None, tmp_path / "cut_ckpt_for_one")
+    finally:
+        torch.set_num_threads(threads)
+    assert one.resumed_from == cut["step"] and one.step == total
+    assert_close_weights(weights(one.model), full)
+
+
+# --- the train stage launches torchrun itself --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_train_stage_with_two_ranks_interrupts_resumes_and_reports_to_mlflow(multi30k_mirror, tmp_path):
+    """`aiayn train` with train.nproc_per_node 2: torchrun under the stage, SIGINT -> exit 130 with a
+    checkpoint, the same command resumes, metrics reach the stage's MLflow run, the bundle is written."""
+    import yaml
+    from mlflow import MlflowClient
+
+    from test_translate import REPO, aiayn, env
+
+    params = yaml.safe_load((REPO / "configs" / "smoke.yaml").read_text())
+    params["train"].update(max_steps=100_000, checkpoint_every=5, keep_checkpoints=3, average_last=3, log_every=5,
+                           distributed="ddp", nproc_per_node=2, grad_accum=2, validate_every=10_000)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_env = {**env(), "MLFLOW_TRACKING_URI": store, "AIAYN_DATA_MIRROR": str(multi30k_mirror)}
+    common = ["--params", str(tmp_path / "params.yaml"), "--root", str(tmp_path)]
+    for stage in (["fetch", "--mirror", str(multi30k_mirror), "--root", str(tmp_path)],
+                  ["prepare", *common], ["tokenize", *common]):
+        subprocess.run(aiayn(*stage), check=True, capture_output=True, env={**run_env, "AIAYN_TRACKING": "off"},
+                       timeout=300)
+    ckpts = tmp_path / "artifacts" / "checkpoints"
+    proc = subprocess.Popen(aiayn("train", *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=run_env)
+    deadline = time.monotonic() + 300
+    while not list(ckpts.glob("ckpt_*.json")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert f"checkpoint saved in {ckpts}" in err
+    cut = load_checkpoint(list_checkpoints(ckpts)[-1])
+    assert cut.extra["world_size"] == 2 and cut.step >= 5
+
+    params["train"]["max_steps"] = cut.step + 10
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    done = subprocess.run(aiayn("train", *common), capture_output=True, text=True, env=run_env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert f"resumed from ckpt_{cut.step:08d}" in done.stderr
+    model_json = json.loads((tmp_path / "artifacts" / "model" / "model.json").read_text())
+    assert model_json["step"] == cut.step + 10
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`aiayn.stage` = 'train'", order_by=["attributes.start_time DESC"])
+    last = runs[0]
+    assert last.info.status == "FINISHED"
+    assert last.data.params["train.nproc_per_node"] == "2"
+    loss_steps = [m.step for m in client.get_metric_history(last.info.run_id, "loss")]
+    end = cut.step + 10
+    assert loss_steps == list(range(cut.step + 5 - cut.step % 5, end + 1, 5))  # forwarded live from rank 0
