@@ -77,6 +77,74 @@ def test_gqa_shrinks_kv_projections():
     assert full - mqa == 3 * 2 * 2 * (d * (d - hd) + (d - hd))
 
 
+
+def _forward_and_cached_decode(model: Transformer, src: torch.Tensor, tgt: torch.Tensor):
+    """Teacher-forced logits, the same logits from cached decoding (2-token prefill, then 1 token a
+    step), and the cache."""
+    with torch.no_grad():
+        full = model(src, tgt)  # (B, T, V)
+        memory, src_pad_mask = model.encode(src)
+        cache = model.new_kv_cache(src.shape[0], tgt.shape[1])
+        steps = [model.decode(tgt[:, :2], memory, src_pad_mask, kv_cache=cache)]
+        steps += [model.decode(tgt[:, t : t + 1], None, None, kv_cache=cache) for t in range(2, tgt.shape[1])]
+    return full, torch.cat(steps, dim=1), cache
+
+
+def _param_shapes(model: Transformer) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"positions": "rope"}, {"positions": "alibi"}, {"attention_backend": "reference", "norm": "pre"}]
+)
+def test_gqa_with_n_kv_heads_equal_to_n_heads_is_mha_exactly(overrides):
+    """GQA with ``n_kv_heads = n_heads`` is the paper's MHA (``n_kv_heads=None``) exactly: the same
+    parameter names and shapes, the same initialisation from the same seed, and bitwise-equal
+    teacher-forced logits and cached decoding (the cache holds all ``n_heads`` heads)."""
+    gen = torch.Generator().manual_seed(16)
+    mha = tiny_model(seed=3, n_kv_heads=None, **overrides)
+    gqa = tiny_model(seed=3, n_kv_heads=4, **overrides)
+    assert mha.cfg.n_kv_heads is None and gqa.cfg.n_kv_heads == gqa.cfg.n_heads == mha.cfg.kv_heads == 4
+    assert _param_shapes(gqa) == _param_shapes(mha)
+    assert all(torch.equal(a, b) for a, b in zip(gqa.state_dict().values(), mha.state_dict().values()))
+    gqa.load_state_dict(mha.state_dict())
+    src = random_tokens(gen, 3, 8, [8, 3, 6])
+    tgt = random_tokens(gen, 3, 6, [6, 6, 6])
+    tgt[:, 0] = BOS_ID
+    full_mha, steps_mha, cache_mha = _forward_and_cached_decode(mha, src, tgt)
+    full_gqa, steps_gqa, cache_gqa = _forward_and_cached_decode(gqa, src, tgt)
+    assert torch.equal(full_gqa, full_mha)
+    assert torch.equal(steps_gqa, steps_mha)
+    assert cache_gqa.k_cache[0].shape == cache_mha.k_cache[0].shape == (3, 4, 6, 8)  # (B, n_heads, T, head_dim)
+    assert cache_gqa.nbytes == cache_mha.nbytes
+    assert all(torch.equal(a, b) for a, b in zip(cache_gqa.k_cache + cache_gqa.cross_v, cache_mha.k_cache + cache_mha.cross_v))
+    # The comparison has teeth: fewer K/V heads changes the K/V projections' shapes.
+    assert _param_shapes(tiny_model(seed=3, n_kv_heads=2, **overrides)) != _param_shapes(mha)
+
+
+def test_gqa_equals_mha_with_each_kv_head_repeated_over_its_group():
+    """GQA (Ainslie et al. 2023, Sec. 2.2) is MHA whose K/V heads are shared within groups of
+    ``n_heads / n_kv_heads`` query heads: copying each GQA K/V head into the MHA heads of its group
+    gives the same model (query head ``h`` reads K/V head ``h // group``), at half the cache."""
+    gen = torch.Generator().manual_seed(17)
+    gqa = tiny_model(seed=4, n_kv_heads=2)  # 4 query heads, 2 K/V heads of head_dim 8
+    mha = tiny_model(seed=5, n_kv_heads=None)
+    state = dict(gqa.state_dict())
+    for name, t in state.items():
+        if any(f"attn.{p}_proj." in name for p in ("k", "v")):  # (2 * 8, ...) -> (4 * 8, ...)
+            state[name] = t.view(2, 8, *t.shape[1:]).repeat_interleave(2, dim=0).reshape(32, *t.shape[1:])
+    mha.load_state_dict(state)
+    src = random_tokens(gen, 2, 7, [7, 4])
+    tgt = random_tokens(gen, 2, 5, [5, 5])
+    tgt[:, 0] = BOS_ID
+    full_gqa, steps_gqa, cache_gqa = _forward_and_cached_decode(gqa, src, tgt)
+    full_mha, steps_mha, cache_mha = _forward_and_cached_decode(mha, src, tgt)
+    torch.testing.assert_close(full_mha, full_gqa, atol=F32_ATOL, rtol=0)
+    torch.testing.assert_close(steps_mha, steps_gqa, atol=F32_ATOL, rtol=0)
+    mask_bytes = src.numel()  # the bool src_pad_mask (2, 7) does not shrink; the K/V tensors halve
+    assert cache_mha.nbytes - mask_bytes == 2 * (cache_gqa.nbytes - mask_bytes)
+
+
 def test_embeddings_tied_and_initialised():
     model = tiny_model(d_model=64, n_heads=4, vocab_size=4000)
     assert model.src_embed.weight is model.tgt_embed.weight
@@ -324,6 +392,27 @@ def test_rope_and_alibi_depend_on_the_offset_only():
     a = alibi_bias(slopes, torch.arange(0, 5), torch.arange(0, 7))
     torch.testing.assert_close(alibi_bias(slopes, torch.arange(9, 14), torch.arange(9, 16)), a)
     assert a[0, 0, 4, 1].item() == -0.5 * 3
+
+
+def test_alibi_bias_is_built_once_per_stack(monkeypatch):
+    """The ALiBi bias is computed once per encode and once per decode call, shared by all layers."""
+    import aiayn.model.transformer as transformer
+
+    calls = []
+    real = transformer.alibi_bias
+    monkeypatch.setattr(transformer, "alibi_bias", lambda *a: calls.append(a) or real(*a))
+    model = tiny_model(positions="alibi", n_layers=3)
+    src, tgt = torch.full((2, 5), 7), torch.full((2, 4), 8)
+    with torch.no_grad():
+        model(src, tgt)
+        assert len(calls) == 2  # encoder (5 x 5) + decoder (4 x 4), not once per layer
+        memory, src_pad_mask = model.encode(src)
+        cache = model.new_kv_cache(2, 4)
+        model.decode(tgt[:, :3], memory, src_pad_mask, kv_cache=cache)
+        model.decode(tgt[:, 3:], None, None, kv_cache=cache)
+    assert len(calls) == 5
+    assert [tuple(q.tolist()) for _, q, _ in calls[3:]] == [(0, 1, 2), (3,)]  # query positions
+    assert [k.numel() for _, _, k in calls[3:]] == [3, 4]  # keys: cached + new
 
 
 def test_alibi_with_the_triton_backend_falls_back_to_sdpa(caplog):

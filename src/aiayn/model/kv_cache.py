@@ -14,13 +14,46 @@ Beam search and batch shrinking touch the cache through ONE method, ``reorder(in
 which selects/reorders/expands rows of every tensor (like fairseq's
 ``reorder_incremental_state``). The model writes through ``update`` / ``set_cross`` and
 moves the write position with ``advance``.
+
+Its size per token is ``cache_bytes_per_token`` (formula); ``KVCache.self_nbytes`` /
+``cross_nbytes`` measure the tensors actually held (``benchmarks/kv_cache.py`` checks one against the other).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-__all__ = ["KVCache"]
+if TYPE_CHECKING:
+    from aiayn.config import ModelConfig
+
+__all__ = ["KVCache", "cache_bytes", "cache_bytes_per_token"]
+
+
+def cache_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes one token adds to the cache of ONE decoder layer: ``2 * n_kv_heads * head_dim * bytes_per_element``.
+
+    The 2 is keys + values; each is ``(n_kv_heads, head_dim)`` per token (``ModelConfig.kv_heads``:
+    ``n_heads`` for the paper's multi-head attention, fewer for grouped-query attention, 1 for
+    multi-query attention). The same number holds for a generated (target) token in the
+    self-attention cache and for a source token in the cross-attention cache (stored once per
+    source). Positions (sinusoidal, learned, rope, alibi) do not enter: rope rotates the cached keys
+    in place, alibi adds a bias to the scores. Units: bytes; ``dtype`` is the cache's (float32: 4,
+    bfloat16: 2 bytes per element). The per-token cost of keys/values and its reduction by sharing
+    K/V heads: Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need"; Ainslie et
+    al. 2023, "GQA"; Pope et al. 2022, "Efficiently Scaling Transformer Inference" (KV-cache size
+    ``2 * n_layers * batch * length * n_kv_heads * head_dim`` elements).
+    """
+    return 2 * cfg.kv_heads * cfg.head_dim * dtype.itemsize
+
+
+def cache_bytes(cfg: ModelConfig, *, batch_size: int, tgt_len: int, src_len: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of the keys/values of a full cache: ``n_layers * batch_size * (tgt_len + src_len) *
+    cache_bytes_per_token(cfg, dtype)`` (self-attention over ``tgt_len`` target tokens plus
+    cross-attention over ``src_len`` source tokens, every decoder layer). Excludes the
+    ``(batch_size, src_len)`` bool padding mask, which ``KVCache.nbytes`` counts."""
+    return cfg.n_layers * batch_size * (tgt_len + src_len) * cache_bytes_per_token(cfg, dtype)
 
 
 class KVCache:
@@ -71,6 +104,16 @@ class KVCache:
     def has_cross(self) -> bool:
         """True once the cross-attention keys/values of every layer are stored."""
         return all(k is not None for k in self.cross_k)
+
+    @property
+    def self_nbytes(self) -> int:
+        """Bytes of the self-attention key/value buffers (at full ``max_len`` capacity, every layer)."""
+        return sum(t.numel() * t.element_size() for t in [*self.k_cache, *self.v_cache])
+
+    @property
+    def cross_nbytes(self) -> int:
+        """Bytes of the cross-attention keys/values stored so far (0 before the first decode step)."""
+        return sum(t.numel() * t.element_size() for t in [*self.cross_k, *self.cross_v] if t is not None)
 
     @property
     def nbytes(self) -> int:

@@ -31,7 +31,10 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["sinusoid_table", "SinusoidalPositions", "LearnedPositions", "RotaryPositions", "alibi_slopes", "alibi_bias"]
+__all__ = [
+    "check_range", "sinusoid_table", "SinusoidalPositions", "LearnedPositions", "additive_positions", "RotaryPositions",
+    "alibi_slopes", "alibi_bias",
+]  # fmt: skip
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> torch.Tensor:
@@ -66,11 +69,16 @@ class SinusoidalPositions(nn.Module):
 
         Raises ``ValueError`` if the range leaves the table (``max_positions``).
         """
-        _check_range(start, length, self.max_positions)
+        check_range(start, length, self.max_positions)
         return self.table[start : start + length]
 
 
-def _check_range(start: int, length: int, max_positions: int) -> None:
+def check_range(start: int, length: int, max_positions: int) -> None:
+    """Raise ``ValueError`` unless positions ``start .. start + length - 1`` lie in ``0 .. max_positions - 1``.
+
+    The one owner of the position limit: the tables, the rotary tables and ``Transformer`` (for every
+    ``positions`` variant, ALiBi included, which has no table) all call it.
+    """
     if start < 0 or start + length > max_positions:
         raise ValueError(
             f"positions {start}..{start + length - 1} exceed max_positions={max_positions}; "
@@ -92,8 +100,21 @@ class LearnedPositions(nn.Module):
 
     def forward(self, start: int, length: int) -> torch.Tensor:
         """Rows ``start .. start + length - 1``: ``(length, d_model)``. ``ValueError`` beyond the table."""
-        _check_range(start, length, self.max_positions)
+        check_range(start, length, self.max_positions)
         return self.table[start : start + length]
+
+
+def additive_positions(kind: str, *, max_positions: int, d_model: int) -> SinusoidalPositions | LearnedPositions | None:
+    """The position table added to the embeddings for ``ModelConfig.positions`` = ``kind``: a
+    ``SinusoidalPositions`` or ``LearnedPositions`` module, or ``None`` for ``rope`` / ``alibi`` (their
+    positions act inside self-attention). Raises ``ValueError`` for an unknown kind."""
+    if kind == "sinusoidal":
+        return SinusoidalPositions(max_positions=max_positions, d_model=d_model)
+    if kind == "learned":
+        return LearnedPositions(max_positions=max_positions, d_model=d_model)
+    if kind in ("rope", "alibi"):
+        return None
+    raise ValueError(f"unknown positions {kind!r}; choose 'sinusoidal', 'learned', 'rope' or 'alibi'")
 
 
 class RotaryPositions(nn.Module):
@@ -119,7 +140,7 @@ class RotaryPositions(nn.Module):
 
     def rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
         T = x.shape[-2]
-        _check_range(start, T, self.max_positions)
+        check_range(start, T, self.max_positions)
         cos = self.cos[start : start + T].to(x.dtype)  # (T, D/2)
         sin = self.sin[start : start + T].to(x.dtype)  # (T, D/2)
         even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each

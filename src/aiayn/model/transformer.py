@@ -38,7 +38,7 @@ from torch import nn
 from aiayn.config import PAD_ID, ModelConfig
 from aiayn.model.attention import BACKENDS, AttendFn, logger, select_backend
 from aiayn.model.kv_cache import KVCache
-from aiayn.model.positions import LearnedPositions, RotaryPositions, SinusoidalPositions, alibi_bias, alibi_slopes
+from aiayn.model.positions import RotaryPositions, additive_positions, alibi_bias, alibi_slopes, check_range
 
 __all__ = ["Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer", "swiglu_hidden"]
 
@@ -51,17 +51,13 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(
         self, *, d_model: int, n_heads: int, n_kv_heads: int, attention_dropout: float, attend: AttendFn,
-        rope: RotaryPositions | None = None, alibi: bool = False,
+        rope: RotaryPositions | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.attention_dropout = attention_dropout
         self.attend = attend
         self.rope = rope  # rotates queries and keys by position (self-attention only)
-        if alibi:  # (n_heads,) ALiBi slopes (self-attention only)
-            self.register_buffer("alibi_slopes", alibi_slopes(n_heads).to(torch.get_default_device()), persistent=False)
-        else:
-            self.alibi_slopes = None
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
@@ -86,20 +82,18 @@ class MultiHeadAttention(nn.Module):
         causal: bool,
         key_padding_mask: torch.Tensor | None,
         start: int = 0,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend from queries of ``x`` ``(B, Tq, d_model)`` at positions ``start ..`` to ``k, v``
         ``(B, n_kv_heads, Tk, head_dim)`` at positions ``0 .. Tk - 1``.
 
-        Returns ``(B, Tq, d_model)``. ``key_padding_mask`` ``(B, Tk)`` True = pad.
+        Returns ``(B, Tq, d_model)``. ``key_padding_mask`` ``(B, Tk)`` True = pad; ``bias``
+        ``(1, n_heads, Tq, Tk)`` an additive score bias (ALiBi, computed once per stack by ``Transformer``).
         """
         B, Tq, _ = x.shape
         q = self.q_proj(x).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, Tq, head_dim)
         if self.rope is not None:
             q = self.rope.rotate(q, start)
-        bias = None
-        if self.alibi_slopes is not None:
-            q_pos = torch.arange(start, start + Tq, device=x.device)
-            bias = alibi_bias(self.alibi_slopes, q_pos, torch.arange(k.shape[2], device=x.device))  # (1, H, Tq, Tk)
         dropout_p = self.attention_dropout if self.training else 0.0
         out = self.attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask, dropout_p=dropout_p, bias=bias)
         out = out.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim)  # (B, Tq, d_model)
@@ -168,19 +162,20 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(
             d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
-            attention_dropout=cfg.attention_dropout, attend=attend, rope=rope, alibi=cfg.positions == "alibi",
+            attention_dropout=cfg.attention_dropout, attend=attend, rope=rope,
         )  # fmt: skip
         self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
         block = dict(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm, norm_type=cfg.norm_type)
         self.attn_block = _Residual(**block)
         self.ffn_block = _Residual(**block)
 
-    def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
-        """``x`` ``(B, S, d_model)``, ``src_pad_mask`` ``(B, S)`` True = pad -> ``(B, S, d_model)``."""
+    def forward(self, x: torch.Tensor, src_pad_mask: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` ``(B, S, d_model)``, ``src_pad_mask`` ``(B, S)`` True = pad -> ``(B, S, d_model)``.
+        ``bias``: ALiBi score bias ``(1, n_heads, S, S)`` or None."""
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:
             k, v = self.self_attn.project_kv(h)
-            return self.self_attn(h, k, v, causal=False, key_padding_mask=src_pad_mask)
+            return self.self_attn(h, k, v, causal=False, key_padding_mask=src_pad_mask, bias=bias)
 
         x = self.attn_block(x, self_attention)
         return self.ffn_block(x, self.ffn)
@@ -193,7 +188,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         mha = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
                    attention_dropout=cfg.attention_dropout, attend=attend)  # fmt: skip
-        self.self_attn = MultiHeadAttention(**mha, rope=rope, alibi=cfg.positions == "alibi")
+        self.self_attn = MultiHeadAttention(**mha, rope=rope)
         self.cross_attn = MultiHeadAttention(**mha)  # no positions: source and target do not align
         self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
         block = dict(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm, norm_type=cfg.norm_type)
@@ -210,8 +205,10 @@ class DecoderLayer(nn.Module):
         layer_idx: int,
         kv_cache: KVCache | None,
         start: int = 0,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x`` ``(B, T, d_model)`` new target positions -> ``(B, T, d_model)``.
+        """``x`` ``(B, T, d_model)`` new target positions -> ``(B, T, d_model)``; ``bias``: the
+        self-attention's ALiBi score bias ``(1, n_heads, T, start + T)`` or None.
 
         Without a cache, ``x`` is the whole prefix and self-attention is causal. With a cache,
         the new keys/values are appended to it and the queries see every cached position
@@ -224,7 +221,7 @@ class DecoderLayer(nn.Module):
             k, v = self.self_attn.project_kv(h, start)  # (B, n_kv_heads, T, head_dim)
             if kv_cache is not None:
                 k, v = kv_cache.update(layer_idx, k, v)  # (B, n_kv_heads, cached + T, head_dim)
-            return self.self_attn(h, k, v, causal=T > 1, key_padding_mask=None, start=start)
+            return self.self_attn(h, k, v, causal=T > 1, key_padding_mask=None, start=start, bias=bias)
 
         def cross_attention(h: torch.Tensor) -> torch.Tensor:
             if kv_cache is not None and kv_cache.cross_k[layer_idx] is not None:
@@ -270,10 +267,13 @@ class Transformer(nn.Module):
             self.tgt_embed = _embedding(cfg.vocab_size, cfg.d_model)
             self.src_embed = self.tgt_embed if cfg.share_embeddings else _embedding(cfg.vocab_size, cfg.d_model)
             # added to the embeddings (sinusoidal, learned), or None (rope, alibi: inside self-attention)
-            self.positions = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(
-                cfg.positions, lambda **_: None)(max_positions=cfg.max_positions, d_model=cfg.d_model)
-            rope = (RotaryPositions(head_dim=cfg.head_dim, max_positions=cfg.max_positions)
-                    if cfg.positions == "rope" else None)
+            self.positions = additive_positions(cfg.positions, max_positions=cfg.max_positions, d_model=cfg.d_model)
+            rope = RotaryPositions(head_dim=cfg.head_dim, max_positions=cfg.max_positions) if cfg.positions == "rope" else None
+            if cfg.positions == "alibi":  # (n_heads,) slopes; the bias is built once per stack in encode/decode
+                slopes = alibi_slopes(cfg.n_heads).to(torch.get_default_device())
+                self.register_buffer("alibi_slopes", slopes, persistent=False)
+            else:
+                self.alibi_slopes = None
             self.dropout = nn.Dropout(cfg.dropout)
             self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
             self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
@@ -308,13 +308,20 @@ class Transformer(nn.Module):
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """``tokens`` ``(B, T)`` -> ``dropout(embedding * sqrt(d_model) + PE)`` ``(B, T, d_model)``
         (no PE for rope/alibi). Raises ``ValueError`` past ``max_positions`` for every variant."""
+        check_range(start, tokens.shape[1], self.cfg.max_positions)
         x = embedding(tokens) * self.embed_scale  # (B, T, d_model)
         if self.positions is not None:
             x = x + self.positions(start, tokens.shape[1]).to(x.dtype)  # (T, d_model) broadcast over B
-        elif start + tokens.shape[1] > self.cfg.max_positions:
-            raise ValueError(f"positions {start}..{start + tokens.shape[1] - 1} exceed "
-                             f"max_positions={self.cfg.max_positions}; raise ModelConfig.max_positions or shorten the input")
         return self.dropout(x)
+
+    def _alibi(self, start: int, Tq: int, Tk: int) -> torch.Tensor | None:
+        """ALiBi score bias ``(1, n_heads, Tq, Tk)`` for queries at ``start .. start + Tq - 1`` and keys
+        at ``0 .. Tk - 1`` (None unless ``positions='alibi'``): built once per stack and call, shared
+        by every layer's self-attention."""
+        if self.alibi_slopes is None:
+            return None
+        device = self.alibi_slopes.device
+        return alibi_bias(self.alibi_slopes, torch.arange(start, start + Tq, device=device), torch.arange(Tk, device=device))
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode ``src`` ``(B, S)`` token ids (right-padded with PAD).
@@ -327,8 +334,9 @@ class Transformer(nn.Module):
             raise ValueError(f"encode expects src (B, S) long token ids, got {src.dtype} {tuple(src.shape)}")
         src_pad_mask = src.eq(PAD_ID)  # (B, S)
         x = self._embed(self.src_embed, src, 0)  # (B, S, d_model)
+        bias = self._alibi(0, src.shape[1], src.shape[1])  # (1, n_heads, S, S) or None
         for layer in self.encoder_layers:
-            x = layer(x, src_pad_mask)
+            x = layer(x, src_pad_mask, bias)
         return self.encoder_norm(x), src_pad_mask
 
     def new_kv_cache(
@@ -389,8 +397,9 @@ class Transformer(nn.Module):
                 kv_cache.src_pad_mask = src_pad_mask
             src_pad_mask = kv_cache.src_pad_mask
         x = self._embed(self.tgt_embed, tgt_in, start)  # (B, T, d_model)
+        bias = self._alibi(start, T, start + T)  # (1, n_heads, T, start + T) or None: keys are cached + new
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, memory, src_pad_mask, layer_idx=i, kv_cache=kv_cache, start=start)
+            x = layer(x, memory, src_pad_mask, layer_idx=i, kv_cache=kv_cache, start=start, bias=bias)
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.decoder_norm(x)  # (B, T, d_model)
