@@ -5,7 +5,9 @@
 Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
 ``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
 appends each finished step to ``OUT/progress`` (the tests watch it to kill the job mid-run).
-``AIAYN_TEST_STEP_SLEEP`` seconds are slept after each step (so a signal lands mid-run).
+``AIAYN_TEST_STEP_SLEEP`` seconds are slept after each step (so a signal lands mid-run);
+``AIAYN_TEST_DISTRIBUTED`` picks ``train.distributed`` (default ddp). The weights written are
+the final checkpoint's (full tensors also under FSDP).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.distributed import init_process_group, world_from_env
 from aiayn.train import train
 from test_train import MODEL, cfg, synthetic_split
@@ -38,10 +41,14 @@ def main() -> int:
             f.write(f"{step}\n")
         time.sleep(sleep)
 
-    result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20),
+    mode = os.environ.get("AIAYN_TEST_DISTRIBUTED", "ddp")
+    result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
+                              distributed=mode),
                    synthetic_split(96), None, ckpt, on_step=on_step, world=world)
     if world.is_main:
-        save_file({k: v.clone().contiguous() for k, v in result.model.state_dict().items()}, str(out / "weights.safetensors"))
+        final = load_checkpoint(list_checkpoints(ckpt)[-1])
+        assert final.step == result.step
+        save_file({k: v.clone().contiguous() for k, v in final.model.items()}, str(out / "weights.safetensors"))
         (out / "steps.json").write_text(json.dumps({"steps": steps, "stopped_by": result.stopped_by,
                                                     "resumed_from": result.resumed_from, "step": result.step}))
     torch.distributed.destroy_process_group()

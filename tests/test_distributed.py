@@ -30,10 +30,10 @@ STEPS = 20
 
 
 def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, sleep: float = 0.0,
-             wait: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+             wait: bool = True, mode: str = "ddp") -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(TESTS / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
-    env = {**os.environ, "AIAYN_TEST_STEP_SLEEP": str(sleep), "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "AIAYN_TEST_STEP_SLEEP": str(sleep), "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -116,7 +116,8 @@ def test_per_step_token_count_is_the_collated_count():
 # --- 2 ranks vs 1 process ----------------------------------------------------------------------------------
 
 
-def test_two_ddp_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_path):
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_path, mode):
     """The world-size contract: same global batches, same token normalisation, same gradients.
 
     A rank normalising by its own token count, or DDP's average left unscaled (a gradient
@@ -124,7 +125,7 @@ def test_two_ddp_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_
     per-step gradient norm, so it is compared too.
     """
     ref, ref_steps = one_process(tmp_path, STEPS, 2)
-    torchrun(2, tmp_path / "ddp", tmp_path / "ddp_ckpt", STEPS, 2)
+    torchrun(2, tmp_path / "ddp", tmp_path / "ddp_ckpt", STEPS, 2, mode=mode)
     ddp = steps_of(tmp_path / "ddp")
     assert ddp["step"] == ref.step == STEPS
     got = {int(k): v for k, v in ddp["steps"].items()}
@@ -142,13 +143,14 @@ def test_two_ddp_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_
 # --- exact resume ------------------------------------------------------------------------------------------
 
 
-def test_sigterm_to_torchrun_then_rerun_equals_the_uninterrupted_run_and_resumes_on_one_process(tmp_path):
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_sigterm_to_torchrun_then_rerun_equals_the_uninterrupted_run_and_resumes_on_one_process(tmp_path, mode):
     total = 40
-    torchrun(2, tmp_path / "full", tmp_path / "full_ckpt", total, 2)
+    torchrun(2, tmp_path / "full", tmp_path / "full_ckpt", total, 2, mode=mode)
     full = load_file(str(tmp_path / "full" / "weights.safetensors"))
 
     out, ckpt = tmp_path / "cut", tmp_path / "cut_ckpt"
-    proc = torchrun(2, out, ckpt, total, 2, sleep=0.1, wait=False)
+    proc = torchrun(2, out, ckpt, total, 2, sleep=0.1, wait=False, mode=mode)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         done = (out / "progress").read_text().split() if (out / "progress").exists() else []
@@ -161,14 +163,14 @@ def test_sigterm_to_torchrun_then_rerun_equals_the_uninterrupted_run_and_resumes
     cut = steps_of(out)
     assert cut["stopped_by"] == "signal" and 8 <= cut["step"] < total
     state = load_checkpoint(list_checkpoints(ckpt)[-1])
-    assert state.step == cut["step"] and state.extra["world_size"] == 2
+    assert state.step == cut["step"] and state.extra["world_size"] == 2 and state.extra["distributed"] == mode
     per_epoch = EpochBatchIterator(synthetic_split(96), max_tokens=64, data_seed=5).batches_in_epoch
     consumed = 2 * state.step
     assert state.iterator == {"epoch": 1 + consumed // per_epoch, "iterations_in_epoch": consumed % per_epoch,
                               "data_seed": 5}
     shutil.copytree(ckpt, tmp_path / "cut_ckpt_for_one")
 
-    torchrun(2, tmp_path / "rerun", ckpt, total, 2)  # the same command again
+    torchrun(2, tmp_path / "rerun", ckpt, total, 2, mode=mode)  # the same command again
     rerun = steps_of(tmp_path / "rerun")
     assert rerun["resumed_from"] == cut["step"] and rerun["step"] == total
     assert_bitwise_equal(load_file(str(tmp_path / "rerun" / "weights.safetensors")), full)

@@ -108,6 +108,10 @@ class ModelConfig(_Strict):
         "rope = rotary self-attention (Su et al. 2021); alibi = distance bias (Press et al. 2022). aiayn.model.positions")
     norm_type: Literal["layernorm", "rmsnorm"] = Field(
         "layernorm", description="layernorm = paper (Ba et al. 2016); rmsnorm = Zhang & Sennrich 2019.")
+    arch: Literal["encoder_decoder", "decoder_only"] = Field(
+        "encoder_decoder", description="encoder_decoder = paper Sec. 3; decoder_only = one causal stack of 2 * n_layers "
+        "self-attention layers over [source, EOS, BOS, target] (Liu et al. 2018), loss on the target only; source and "
+        "target share max_positions (each side gets half). aiayn.model.transformer")
     attention_backend: AttentionBackend = "auto"
 
     @model_validator(mode="after")
@@ -126,6 +130,12 @@ class ModelConfig(_Strict):
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
+
+    @property
+    def max_side_tokens(self) -> int:
+        """Longest source, and longest target, in tokens: ``max_positions``; half of it for
+        ``decoder_only``, whose one stream holds source and target in one position range."""
+        return self.max_positions // 2 if self.arch == "decoder_only" else self.max_positions
 
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -184,9 +194,10 @@ class TrainConfig(_Strict):
     log_every: int = Field(50, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available, else CPU.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads on CPU (None: torch default).")
-    distributed: Literal["none", "ddp"] = Field(
+    distributed: Literal["none", "ddp", "fsdp"] = Field(
         "none", description="ddp: torch DistributedDataParallel over nproc_per_node processes (torchrun; NCCL on CUDA, "
-                            "gloo on CPU). The update is the same as one process's with the same grad_accum.")
+                            "gloo on CPU); fsdp: FSDP2 fully_shard per layer (parameters, gradients and Adam state "
+                            "sharded: for big). Either computes the update of one process with the same grad_accum.")
     nproc_per_node: int = Field(1, ge=1, description="Processes (ranks) on this machine; > 1 needs distributed: ddp. "
                                                      "The train stage launches torchrun itself.")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
@@ -200,7 +211,7 @@ class TrainConfig(_Strict):
     @model_validator(mode="after")
     def _check_world(self) -> "TrainConfig":
         if self.nproc_per_node > 1 and self.distributed == "none":
-            raise ValueError(f"train.nproc_per_node={self.nproc_per_node} needs train.distributed: ddp")
+            raise ValueError(f"train.nproc_per_node={self.nproc_per_node} needs train.distributed: ddp or fsdp")
         if self.grad_accum % self.nproc_per_node:
             raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
                              f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")

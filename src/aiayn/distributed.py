@@ -8,6 +8,10 @@ What the training loop (``aiayn.train``) needs from the process group, in one pl
 - ``agree``: one all-reduce per step so every rank stops at the same update (a
   signal or the clock seen by one rank stops all of them; otherwise the others would
   wait forever in the next gradient all-reduce);
+- ``shard_fsdp`` / ``full_state`` / ``load_full_optimizer_state``: FSDP2 (``fully_shard``) and
+  the conversion between its sharded state and the one-process checkpoint format (full
+  tensors, optimizer state keyed by parameter index), so a checkpoint written under FSDP
+  resumes under DDP or on one process and back;
 - ``torchrun_command``: the launcher line the ``train`` stage runs when
   ``train.nproc_per_node > 1`` (single node, ``--standalone``). Several nodes: run
   ``torchrun --nnodes N --nproc_per_node G --rdzv_backend c10d --rdzv_endpoint host:port
@@ -22,10 +26,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["World", "world_from_env", "init_process_group", "agree", "all_reduce_sum", "barrier", "torchrun_command"]
+__all__ = ["World", "world_from_env", "init_process_group", "agree", "all_reduce_sum", "barrier", "torchrun_command",
+           "shard_fsdp", "full_state", "load_full_optimizer_state"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +131,55 @@ def torchrun_command(nproc_per_node: int, module: str, *args: str) -> list[str]:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
             "-m", module, *args]
+
+
+def shard_fsdp(model: torch.nn.Module, world: World, device: torch.device) -> None:
+    """FSDP2: ``fully_shard`` every encoder and decoder layer, then the root (embeddings, final norms).
+
+    In place: the parameters become ``DTensor`` shards over a 1-D mesh of all ranks; create the
+    optimizer afterwards. Gradients are reduce-scattered (averaged over ranks, like DDP).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world.world_size,))
+    for name in ("encoder_layers", "decoder_layers"):
+        for layer in getattr(model, name, []):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The full (unsharded) model and optimizer state of an FSDP2 model, on CPU, on rank 0.
+
+    A collective: every rank must call it. Rank 0 gets ``(model_state, optimizer_state)`` in
+    the one-process format (``optimizer.state_dict()`` keyed by parameter index, in the order
+    of ``param_names``); the other ranks get empty dicts.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optim = get_optimizer_state_dict(model, optimizer, options=options)
+    if not model_state:
+        return {}, {}
+    index = {name: i for i, name in enumerate(param_names)}
+    state = {index[name]: per_param for name, per_param in optim["state"].items()}
+    groups = [{**g, "params": [index[name] for name in g["params"]]} for g in optim["param_groups"]]
+    return model_state, {"state": state, "param_groups": groups}
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                              param_names: list[str]) -> None:
+    """Load a one-process optimizer state (keyed by parameter index) into an FSDP2 model's optimizer.
+
+    Every rank passes the same full state (read from the checkpoint); each keeps its shard.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    by_name = {"state": {param_names[int(i)]: per_param for i, per_param in state["state"].items()},
+               "param_groups": [{**g, "params": [param_names[int(i)] for i in g["params"]]}
+                                for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=by_name,
+                             options=StateDictOptions(full_state_dict=True))

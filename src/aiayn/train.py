@@ -48,7 +48,7 @@ from aiayn.checkpoint import (
     save_checkpoint,
 )
 from aiayn.config import PAD_ID, ModelConfig, TrainConfig
-from aiayn.distributed import World, agree, all_reduce_sum, barrier
+from aiayn.distributed import World, agree, all_reduce_sum, barrier, full_state, load_full_optimizer_state, shard_fsdp
 from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
 
@@ -268,6 +268,38 @@ def train(
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg, device=device)
     model.train()
+    mode = (train_cfg.distributed if train_cfg.distributed != "none" else "ddp") if world.distributed else "none"
+    scaler = torch.amp.GradScaler("cuda") if train_cfg.precision == "fp16" else None
+    iterator = EpochBatchIterator(train_split, max_tokens=train_cfg.max_tokens, data_seed=train_cfg.data_seed)
+    result = TrainResult(step=0, epoch=1, model=model)
+
+    existing = list_checkpoints(checkpoint_dir) if resume else []
+    state = load_checkpoint(existing[-1]) if existing else None
+    if state is not None and state.fingerprint != fingerprint:
+        log.warning(
+            "checkpoints in %s come from a different config or data (fingerprint %s.. != %s..); starting fresh",
+            checkpoint_dir, state.fingerprint[:12], fingerprint[:12],
+        )
+        if world.is_main:
+            for path in existing:
+                path.unlink(missing_ok=True)
+                path.with_suffix(".safetensors").unlink(missing_ok=True)
+        state = None
+    if state is not None:
+        model.load_state_dict(state.model)  # before sharding: every rank holds the full weights
+    param_names = [name for name, _ in model.named_parameters()]  # the optimizer's parameter order
+
+    forward: Any = model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Buffers (sinusoid tables) are deterministic: no per-forward broadcast.
+        forward = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None,
+                                          forward_sync_buffers=False)
+    elif mode == "fsdp":
+        shard_fsdp(model, world, device)  # in place: parameters become DTensor shards
+    if train_cfg.compile:
+        forward = torch.compile(forward, dynamic=True)  # batches vary in shape: one graph, not one per shape
     optimizer = torch.optim.Adam(
         model.parameters(),
         lr=inverse_sqrt_lr(1, d_model=model_cfg.d_model, warmup_steps=train_cfg.warmup_steps, lr_scale=train_cfg.lr_scale),
@@ -275,63 +307,42 @@ def train(
         eps=train_cfg.adam_eps,
         weight_decay=train_cfg.weight_decay,
     )
-    scaler = torch.amp.GradScaler("cuda") if train_cfg.precision == "fp16" else None
-    iterator = EpochBatchIterator(train_split, max_tokens=train_cfg.max_tokens, data_seed=train_cfg.data_seed)
-    result = TrainResult(step=0, epoch=1, model=model)
-
-    existing = list_checkpoints(checkpoint_dir) if resume else []
-    if existing:
-        state = load_checkpoint(existing[-1])
-        if state.fingerprint != fingerprint:
-            log.warning(
-                "checkpoints in %s come from a different config or data (fingerprint %s.. != %s..); starting fresh",
-                checkpoint_dir, state.fingerprint[:12], fingerprint[:12],
-            )
-            if world.is_main:
-                for path in existing:
-                    path.unlink(missing_ok=True)
-                    path.with_suffix(".safetensors").unlink(missing_ok=True)
-            existing = []
+    if state is not None:
+        seed_then = state.extra.get("seed")
+        if seed_then is not None and seed_then != train_cfg.seed:  # cannot happen with equal fingerprints
+            log.warning("resuming a run trained with seed %s under seed %s", seed_then, train_cfg.seed)
+        if mode == "fsdp":
+            load_full_optimizer_state(model, optimizer, state.optimizer, param_names)
         else:
-            seed_then = state.extra.get("seed")
-            if seed_then is not None and seed_then != train_cfg.seed:  # cannot happen with equal fingerprints
-                log.warning("resuming a run trained with seed %s under seed %s", seed_then, train_cfg.seed)
-            model.load_state_dict(state.model)
             optimizer.load_state_dict(state.optimizer)
-            iterator.load_state_dict(state.iterator)
-            restore_rng(state.rng)
-            if scaler is not None and "grad_scaler" in state.extra:
-                scaler.load_state_dict(state.extra["grad_scaler"])
-            result.step = result.resumed_from = state.step
-            result.losses = {int(k): v for k, v in state.extra.get("losses", {}).items()}
-            result.skipped_updates = int(state.extra.get("skipped_updates", 0))
-            log.info("resumed from %s (step %d, epoch %d)", existing[-1].name, state.step, iterator.epoch)
+        iterator.load_state_dict(state.iterator)
+        restore_rng(state.rng)
+        if scaler is not None and "grad_scaler" in state.extra:
+            scaler.load_state_dict(state.extra["grad_scaler"])
+        result.step = result.resumed_from = state.step
+        result.losses = {int(k): v for k, v in state.extra.get("losses", {}).items()}
+        result.skipped_updates = int(state.extra.get("skipped_updates", 0))
+        log.info("resumed from %s (step %d, epoch %d)", existing[-1].name, state.step, iterator.epoch)
     barrier(world)  # nobody trains before rank 0 has cleared foreign checkpoints
 
-    forward: Any = model
-    if world.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # Buffers (sinusoid tables) are deterministic: no per-forward broadcast.
-        forward = DistributedDataParallel(model, device_ids=[device.index] if use_cuda else None,
-                                          forward_sync_buffers=False)
-    if train_cfg.compile:
-        forward = torch.compile(forward)
-
     def checkpoint() -> None:
+        if mode == "fsdp":  # a collective: every rank gathers, rank 0 gets the full tensors
+            model_state, optim_state = full_state(model, optimizer, param_names)
+        elif world.is_main:
+            model_state, optim_state = model.state_dict(), optimizer.state_dict()
         if not world.is_main:
             return
         path = save_checkpoint(
             checkpoint_dir,
             TrainState(
                 step=result.step,
-                model=model.state_dict(),
-                optimizer=optimizer.state_dict(),
+                model=model_state,
+                optimizer=optim_state,
                 iterator=iterator.state_dict(),
                 rng=capture_rng(),
                 fingerprint=fingerprint,
                 extra={"seed": train_cfg.seed, "data_seed": train_cfg.data_seed, "world_size": world.world_size,
-                       "skipped_updates": result.skipped_updates,
+                       "distributed": mode, "skipped_updates": result.skipped_updates,
                        **({"grad_scaler": scaler.state_dict()} if scaler is not None else {}),
                        "losses": {str(k): v for k, v in result.losses.items()}},
             ),
@@ -379,8 +390,10 @@ def train(
             for j, k in enumerate(mine):
                 b = collate(train_split, update[k])
                 torch.manual_seed(dropout_seed(train_cfg.seed, result.step + 1, k))
-                sync = world.distributed and j == len(mine) - 1  # all-reduce gradients on the last batch only
-                with (contextlib.nullcontext() if sync or not world.distributed else forward.no_sync()):
+                last = j == len(mine) - 1  # gradients are reduced over ranks after the last batch only
+                if mode == "fsdp":
+                    model.set_requires_gradient_sync(last)
+                with (forward.no_sync() if mode == "ddp" and not last else contextlib.nullcontext()):
                     with _autocast(device, train_cfg.precision):
                         logits = forward(b.src.to(device), b.tgt_in.to(device))  # (B, T, V)
                     loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out.to(device),
@@ -392,7 +405,7 @@ def train(
             if scaler is not None:
                 scaler.unscale_(optimizer)
             max_norm = train_cfg.clip_norm if train_cfg.clip_norm is not None else math.inf  # inf: measure only
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            grad_norm = _float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             step_loss = loss_total / n_tgt
             finite = math.isfinite(grad_norm) and math.isfinite(step_loss)
             if scaler is not None:
@@ -428,22 +441,30 @@ def train(
                 on_metrics({"loss": step_loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                             "epoch": float(iterator.epoch)}, result.step)
                 window_tokens, window_start = 0, now
-            if valid_split is not None and world.is_main and result.step % train_cfg.validate_every == 0:
+            # FSDP gathers parameters inside forward: every rank runs the (identical) validation
+            if valid_split is not None and (world.is_main or mode == "fsdp") and result.step % train_cfg.validate_every == 0:
                 metrics = validation_loss(model, valid_split, max_tokens=train_cfg.max_tokens,
                                           label_smoothing=train_cfg.label_smoothing)
                 result.valid[result.step] = metrics
-                log.info("step %d: %s", result.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-                if on_metrics:
-                    on_metrics(metrics, result.step)
+                if world.is_main:
+                    log.info("step %d: %s", result.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+                    if on_metrics:
+                        on_metrics(metrics, result.step)
             if result.step % train_cfg.checkpoint_every == 0:
                 checkpoint()
-    latest = list_checkpoints(checkpoint_dir)
-    if not latest or _checkpoint_step(latest[-1]) != result.step:
+    latest = list_checkpoints(checkpoint_dir) if world.is_main else []
+    missing = world.is_main and (not latest or _checkpoint_step(latest[-1]) != result.step)
+    if agree(world, missing)[0]:  # rank 0 decides; with FSDP every rank takes part in the gather
         checkpoint()
     barrier(world)  # the last checkpoint is on disk before any rank returns
     result.train_seconds = time.perf_counter() - start
     result.epoch = iterator.epoch
     return result
+
+
+def _float(t: torch.Tensor) -> float:
+    """A scalar tensor (or FSDP2's replicated DTensor) as a Python float."""
+    return float(t.full_tensor() if hasattr(t, "full_tensor") else t)
 
 
 def _checkpoint_step(json_path: Path) -> int:
