@@ -123,7 +123,7 @@ def test_parallel_workers_decode_exactly_like_one(tok, tmp_path, beam):
 
 
 @pytest.mark.parametrize("field, value", [("activation", "swiglu"), ("n_kv_heads", 1), ("positions", "rope"),
-                                          ("positions", "alibi"), ("norm_type", "rmsnorm")])
+                                          ("positions", "alibi"), ("norm_type", "rmsnorm"), ("arch", "decoder_only")])
 def test_unsupported_config_is_refused_naming_the_field(tok, field, value):
     model = _model(tok, **{field: value})
     with pytest.raises(UnsupportedModelError, match=field):

@@ -10,6 +10,11 @@ Per decoder layer it holds
 
 plus the source padding mask ``src_pad_mask`` ``(B, S)`` (True = pad) that goes with them.
 
+A decoder-only model (``ModelConfig.arch='decoder_only'``) has no cross-attention: its ``2 * n_layers``
+self-attention layers cache the whole stream, the (left-padded) source prefix first and then the
+target tokens. The source length is known only on the first decode call, which ``reserve``\ s room
+for it and stores the left-padded ``src_pad_mask``; ``length`` then counts source + target positions.
+
 Beam search and batch shrinking touch the cache through ONE method, ``reorder(index)``,
 which selects/reorders/expands rows of every tensor (like fairseq's
 ``reorder_incremental_state``). The model writes through ``update`` / ``set_cross`` and
@@ -49,11 +54,14 @@ def cache_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype = torch.float32) 
 
 
 def cache_bytes(cfg: ModelConfig, *, batch_size: int, tgt_len: int, src_len: int, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of the keys/values of a full cache: ``n_layers * batch_size * (tgt_len + src_len) *
-    cache_bytes_per_token(cfg, dtype)`` (self-attention over ``tgt_len`` target tokens plus
-    cross-attention over ``src_len`` source tokens, every decoder layer). Excludes the
+    """Bytes of the keys/values of a full cache: ``layers * batch_size * (tgt_len + src_len) *
+    cache_bytes_per_token(cfg, dtype)``. Encoder-decoder: ``layers = n_layers`` decoder layers, each
+    with self-attention over ``tgt_len`` target tokens plus cross-attention over ``src_len`` source
+    tokens. Decoder-only: ``layers = 2 * n_layers``, each with self-attention over the stream of
+    ``src_len + tgt_len`` tokens (twice the encoder-decoder's cache at equal lengths). Excludes the
     ``(batch_size, src_len)`` bool padding mask, which ``KVCache.nbytes`` counts."""
-    return cfg.n_layers * batch_size * (tgt_len + src_len) * cache_bytes_per_token(cfg, dtype)
+    layers = cfg.n_layers * (2 if cfg.arch == "decoder_only" else 1)
+    return layers * batch_size * (tgt_len + src_len) * cache_bytes_per_token(cfg, dtype)
 
 
 class KVCache:
@@ -63,7 +71,8 @@ class KVCache:
         n_layers: decoder layers.
         batch_size: rows ``B`` (sentences x beams).
         n_kv_heads, head_dim: key/value heads and their width.
-        max_len: capacity in target tokens (decoder inputs, BOS included).
+        max_len: capacity in target tokens (decoder inputs, BOS included); ``reserve`` adds room
+            for a decoder-only model's source prefix.
         dtype, device: of the buffers (the model's parameter dtype/device).
     """
 
@@ -85,7 +94,8 @@ class KVCache:
             )
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.max_len = max_len
-        self.length = 0  # target tokens cached so far (the next token's position)
+        self.length = 0  # positions cached so far (target tokens; decoder-only: source prefix + target tokens)
+        self.prefix_len = 0  # decoder-only: the source prefix's length S (``reserve``)
         self.k_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.cross_k: list[torch.Tensor | None] = [None] * n_layers
@@ -141,6 +151,24 @@ class KVCache:
         k_buf[:, :, self.length : end] = k
         v_buf[:, :, self.length : end] = v
         return k_buf[:, :, :end], v_buf[:, :, :end]
+
+    def reserve(self, prefix_len: int) -> None:
+        """Grow the self-attention buffers by ``prefix_len`` positions for a decoder-only model's source
+        prefix (its length is known on the first decode call only). Only on an empty cache (nothing
+        to copy: the buffers are reallocated); raises ``ValueError`` otherwise."""
+        if self.length or self.prefix_len:
+            raise ValueError(
+                f"KVCache.reserve needs an empty cache, got length={self.length}, prefix_len={self.prefix_len}"
+            )
+        if prefix_len < 1:
+            raise ValueError(f"KVCache.reserve needs prefix_len >= 1, got {prefix_len}")
+        B, n_kv_heads, max_len, head_dim = self.k_cache[0].shape
+        shape = (B, n_kv_heads, max_len + prefix_len, head_dim)
+        ref = self.k_cache[0]
+        self.k_cache = [torch.zeros(shape, dtype=ref.dtype, device=ref.device) for _ in self.k_cache]
+        self.v_cache = [torch.zeros(shape, dtype=ref.dtype, device=ref.device) for _ in self.v_cache]
+        self.max_len = max_len + prefix_len
+        self.prefix_len = prefix_len
 
     def advance(self, n_tokens: int) -> None:
         """Move the write position by ``n_tokens`` (called once per decode step, after all layers)."""

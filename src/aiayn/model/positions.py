@@ -11,6 +11,11 @@
   for the bidirectional encoder; in the causal decoder only ``j <= i`` is visible, where it equals the
   paper's ``-slope_h * (i - j)``). Cross-attention gets none (source and target positions do not align).
 
+Every variant also takes per-row positions ``(B, T)`` (``SinusoidalPositions.at``, ``LearnedPositions.at``,
+``RotaryPositions.rotate(x, positions)``, ``alibi_bias`` with 2-D positions): the decoder-only stream
+(``ModelConfig.arch='decoder_only'``) left-pads each source inside the model and numbers each row's
+tokens from its first real token, so a sentence's positions do not depend on its batch's padding.
+
 Sinusoidal encodings (Vaswani et al. 2017, Section 3.5):
 
     PE(pos, 2i)     = sin(pos / 10000 ** (2i / d_model))
@@ -72,6 +77,11 @@ class SinusoidalPositions(nn.Module):
         check_range(start, length, self.max_positions)
         return self.table[start : start + length]
 
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Encodings of per-row positions ``(B, T)`` (long, each in ``0 .. max_positions - 1``, checked
+        by the caller): ``(B, T, d_model)``. The decoder-only stream gives every row its own offsets."""
+        return self.table[positions]
+
 
 def check_range(start: int, length: int, max_positions: int) -> None:
     """Raise ``ValueError`` unless positions ``start .. start + length - 1`` lie in ``0 .. max_positions - 1``.
@@ -102,6 +112,10 @@ class LearnedPositions(nn.Module):
         """Rows ``start .. start + length - 1``: ``(length, d_model)``. ``ValueError`` beyond the table."""
         check_range(start, length, self.max_positions)
         return self.table[start : start + length]
+
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of per-row positions ``(B, T)`` (long, checked by the caller): ``(B, T, d_model)``."""
+        return self.table[positions]
 
 
 def additive_positions(kind: str, *, max_positions: int, d_model: int) -> SinusoidalPositions | LearnedPositions | None:
@@ -138,11 +152,17 @@ class RotaryPositions(nn.Module):
         self.register_buffer("cos", torch.cos(angle).float().to(device), persistent=False)  # (P, D/2)
         self.register_buffer("sin", torch.sin(angle).float().to(device), persistent=False)  # (P, D/2)
 
-    def rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        T = x.shape[-2]
-        check_range(start, T, self.max_positions)
-        cos = self.cos[start : start + T].to(x.dtype)  # (T, D/2)
-        sin = self.sin[start : start + T].to(x.dtype)  # (T, D/2)
+    def rotate(self, x: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """``start``: an int (positions ``start ..``, shared by every row) or per-row positions
+        ``(B, T)`` long (the decoder-only stream; range checked by the caller)."""
+        if isinstance(start, torch.Tensor):
+            cos = self.cos[start].to(x.dtype)[:, None]  # (B, 1, T, D/2)
+            sin = self.sin[start].to(x.dtype)[:, None]  # (B, 1, T, D/2)
+        else:
+            T = x.shape[-2]
+            check_range(start, T, self.max_positions)
+            cos = self.cos[start : start + T].to(x.dtype)  # (T, D/2)
+            sin = self.sin[start : start + T].to(x.dtype)  # (T, D/2)
         even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (B, H, T, D)
 
@@ -167,6 +187,10 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 def alibi_bias(slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """Additive score bias ``-slope_h * |q_pos - k_pos|``: ``(1, n_heads, Tq, Tk)`` from ``slopes``
-    ``(n_heads,)`` and positions ``(Tq,)``, ``(Tk,)`` (depends on the offset only)."""
+    ``(n_heads,)`` and positions ``(Tq,)``, ``(Tk,)`` (depends on the offset only); per-row positions
+    ``(B, Tq)``, ``(B, Tk)`` (the decoder-only stream) give ``(B, n_heads, Tq, Tk)``."""
+    if q_positions.dim() == 2:
+        dist = (q_positions[:, :, None] - k_positions[:, None, :]).abs().to(slopes.dtype)  # (B, Tq, Tk)
+        return -slopes[None, :, None, None] * dist[:, None]  # (B, n_heads, Tq, Tk)
     dist = (q_positions[:, None] - k_positions[None, :]).abs().to(slopes.dtype)  # (Tq, Tk)
     return (-slopes[:, None, None] * dist)[None]  # (1, n_heads, Tq, Tk)

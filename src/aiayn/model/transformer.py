@@ -21,6 +21,25 @@ Readable top to bottom: multi-head attention -> feed-forward -> encoder layer ->
   ``aiayn.model.positions``. ``norm_type='rmsnorm'`` replaces every LayerNorm by RMSNorm (Zhang &
   Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4; eps 1e-6 as in LLaMA).
 
+Decoder-only (``arch='decoder_only'``; not in the paper): no encoder and no cross-attention, one stack
+of ``2 * n_layers`` causal self-attention + FFN layers (``DecoderOnlyLayer``; the encoder's layers
+plus the decoder's, so the parameters are the encoder-decoder's minus its cross-attention blocks)
+over the stream ``[source tokens, EOS, BOS, target tokens]``, i.e. ``concat(src, tgt_in)`` of a
+training batch; the EOS/BOS pair separates source and target. This is the "Transformer-Decoder
+(T-D)" of Liu et al. 2018, "Generating Wikipedia by Summarizing Long Sequences" (ICLR; drop the
+encoder, join input and output into one sequence, train as a language model); with causal masking
+over the whole stream it is the "language model" architecture that Raffel et al. 2020 (T5, Sec. 3.2)
+compare with the encoder-decoder and the prefix LM. ``forward`` returns logits for the target
+positions only, so the training loss (``aiayn.train.label_smoothed_cross_entropy`` on ``tgt_out``)
+covers the target only (Liu et al. train on the whole stream). Inside the model each source row's
+padding moves to the LEFT (the real source ends right before the target; pad keys are masked) and
+each row numbers its own positions from its first real token (``position = index - n_pad``), so a
+sentence's output does not depend on its batch's padding. ``encode`` embeds the left-padded source
+(the stream's prefix); ``decode`` runs the stack over prefix + target, and with a ``KVCache`` the first
+call prefills the cache with the source (the cache grows by ``S``, see ``KVCache.reserve``) and later
+calls continue each row's positions. Sources and targets share one position range:
+``Transformer.max_positions`` (each side's limit) is ``ModelConfig.max_positions // 2``.
+
 Initialisation (not given by the paper; fairseq's convention): xavier-uniform weights and zero
 biases for every linear layer, embedding ~ Normal(0, d_model**-0.5) with the PAD row zero, so
 that ``embedding * sqrt(d_model)`` has unit variance; LayerNorm gain 1, bias 0.
@@ -40,7 +59,9 @@ from aiayn.model.attention import BACKENDS, AttendFn, logger, select_backend
 from aiayn.model.kv_cache import KVCache
 from aiayn.model.positions import RotaryPositions, additive_positions, alibi_bias, alibi_slopes, check_range
 
-__all__ = ["Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer", "swiglu_hidden"]
+__all__ = [
+    "Transformer", "MultiHeadAttention", "FeedForward", "EncoderLayer", "DecoderLayer", "DecoderOnlyLayer", "swiglu_hidden",
+]  # fmt: skip
 
 
 class MultiHeadAttention(nn.Module):
@@ -63,9 +84,10 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim)
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model)
 
-    def project_kv(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``x`` ``(B, T, d_model)`` at positions ``start ..``: two
-        ``(B, n_kv_heads, T, head_dim)`` (keys rotated when rotary: a cache stores them rotated)."""
+    def project_kv(self, x: torch.Tensor, start: int | torch.Tensor = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``x`` ``(B, T, d_model)`` at positions ``start ..`` (or per-row positions
+        ``start`` ``(B, T)`` long): two ``(B, n_kv_heads, T, head_dim)`` (keys rotated when rotary: a
+        cache stores them rotated)."""
         B, T, _ = x.shape
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
@@ -81,14 +103,14 @@ class MultiHeadAttention(nn.Module):
         *,
         causal: bool,
         key_padding_mask: torch.Tensor | None,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attend from queries of ``x`` ``(B, Tq, d_model)`` at positions ``start ..`` to ``k, v``
-        ``(B, n_kv_heads, Tk, head_dim)`` at positions ``0 .. Tk - 1``.
+        """Attend from queries of ``x`` ``(B, Tq, d_model)`` at positions ``start ..`` (or per-row
+        positions ``start`` ``(B, Tq)`` long) to ``k, v`` ``(B, n_kv_heads, Tk, head_dim)``.
 
         Returns ``(B, Tq, d_model)``. ``key_padding_mask`` ``(B, Tk)`` True = pad; ``bias``
-        ``(1, n_heads, Tq, Tk)`` an additive score bias (ALiBi, computed once per stack by ``Transformer``).
+        ``(1 or B, n_heads, Tq, Tk)`` an additive score bias (ALiBi, computed once per stack by ``Transformer``).
         """
         B, Tq, _ = x.shape
         q = self.q_proj(x).view(B, Tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, Tq, head_dim)
@@ -237,6 +259,49 @@ class DecoderLayer(nn.Module):
         return self.ffn_block(x, self.ffn)
 
 
+class DecoderOnlyLayer(nn.Module):
+    """Causal self-attention + FFN over the source-then-target stream (``arch='decoder_only'``):
+    an ``EncoderLayer``'s sublayers with the decoder's causal mask and KV cache, no cross-attention."""
+
+    def __init__(self, cfg: ModelConfig, attend: AttendFn, rope: RotaryPositions | None = None) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(
+            d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
+            attention_dropout=cfg.attention_dropout, attend=attend, rope=rope,
+        )  # fmt: skip
+        self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
+        block = dict(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm, norm_type=cfg.norm_type)
+        self.attn_block = _Residual(**block)
+        self.ffn_block = _Residual(**block)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor,
+        *,
+        positions: torch.Tensor,
+        layer_idx: int,
+        kv_cache: KVCache | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(B, T, d_model)``: the stream's new positions -> ``(B, T, d_model)``.
+
+        ``positions`` ``(B, T)`` long: each row's position ids (rotary); ``key_padding_mask``
+        ``(B, Tk)`` True = pad over every key (cached + new, ``Tk = cached + T``); ``bias``: ALiBi
+        ``(B, n_heads, T, Tk)`` or None. Causal, bottom-right aligned: new positions see every cached one.
+        """
+        T = x.shape[1]
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:
+            k, v = self.self_attn.project_kv(h, positions)  # (B, n_kv_heads, T, head_dim)
+            if kv_cache is not None:
+                k, v = kv_cache.update(layer_idx, k, v)  # (B, n_kv_heads, cached + T, head_dim)
+            return self.self_attn(h, k, v, causal=T > 1, key_padding_mask=key_padding_mask, start=positions, bias=bias)
+
+        x = self.attn_block(x, self_attention)
+        return self.ffn_block(x, self.ffn)
+
+
 def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
     """Uninitialised ``nn.Embedding`` (``Transformer._init_weights`` fills it; skipping the default
     init also keeps 'meta' construction fast)."""
@@ -245,7 +310,8 @@ def _embedding(vocab_size: int, d_model: int) -> nn.Embedding:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer (paper Sec. 3) driven by ``ModelConfig``.
+    """Encoder-decoder Transformer (paper Sec. 3), or the decoder-only stream model
+    (``cfg.arch='decoder_only'``, module docstring), driven by ``ModelConfig``.
 
     ``device``: where parameters are created (``None``: torch's default device; 'meta' counts
     parameters without memory). The attention backend is chosen once here for that device and
@@ -263,6 +329,11 @@ class Transformer(nn.Module):
         if cfg.positions == "alibi" and self.attention_backend == "triton":  # the kernel takes no score bias
             self.attention_backend, attend = "sdpa", BACKENDS["sdpa"]
             logger.info("attention backend: sdpa instead of triton (positions='alibi' needs an additive score bias)")
+        self.decoder_only = cfg.arch == "decoder_only"
+        if self.decoder_only and self.attention_backend == "triton":  # the kernel masks right padding only
+            self.attention_backend, attend = "sdpa", BACKENDS["sdpa"]
+            logger.info("attention backend: sdpa instead of triton (arch='decoder_only' left-pads the source: "
+                        "the kernel takes right padding only, and causal attention with Tq == Tk or Tq == 1)")
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.tgt_embed = _embedding(cfg.vocab_size, cfg.d_model)
             self.src_embed = self.tgt_embed if cfg.share_embeddings else _embedding(cfg.vocab_size, cfg.d_model)
@@ -275,18 +346,24 @@ class Transformer(nn.Module):
             else:
                 self.alibi_slopes = None
             self.dropout = nn.Dropout(cfg.dropout)
-            self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
-            self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
             pre = cfg.norm == "pre"
-            self.encoder_norm = _norm(cfg.d_model, cfg.norm_type) if pre else nn.Identity()
+            if self.decoder_only:  # one causal stack: the encoder's layers + the decoder's, no cross-attention
+                self.encoder_layers = nn.ModuleList()
+                self.decoder_layers = nn.ModuleList(DecoderOnlyLayer(cfg, attend, rope) for _ in range(2 * cfg.n_layers))
+                self.encoder_norm = nn.Identity()
+            else:
+                self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
+                self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, attend, rope) for _ in range(cfg.n_layers))
+                self.encoder_norm = _norm(cfg.d_model, cfg.norm_type) if pre else nn.Identity()
             self.decoder_norm = _norm(cfg.d_model, cfg.norm_type) if pre else nn.Identity()
         self.embed_scale = math.sqrt(cfg.d_model)
         self._init_weights()
 
     @property
     def max_positions(self) -> int:
-        """Longest source or target sequence (tokens) the position table covers."""
-        return self.cfg.max_positions
+        """Longest source or target sequence (tokens) the model accepts: ``cfg.max_positions``, or half
+        of it for ``decoder_only`` (source and target share one stream, hence one position range)."""
+        return self.cfg.max_side_tokens
 
     def _init_weights(self) -> None:
         if self.tgt_embed.weight.is_meta:
@@ -323,15 +400,100 @@ class Transformer(nn.Module):
         device = self.alibi_slopes.device
         return alibi_bias(self.alibi_slopes, torch.arange(start, start + Tq, device=device), torch.arange(Tk, device=device))
 
+    # ------------------------------------------------------------------ decoder-only stream
+
+    @staticmethod
+    def _stream_positions(n_pad: torch.Tensor, start: int, length: int) -> torch.Tensor:
+        """Per-row position ids ``(B, length)`` of stream indices ``start .. start + length - 1``:
+        ``index - n_pad`` with ``n_pad`` ``(B,)`` the row's left padding; pads get 0 (they are masked)."""
+        index = torch.arange(start, start + length, device=n_pad.device)  # (length,)
+        return (index[None, :] - n_pad[:, None]).clamp(min=0)  # (B, length)
+
+    def _embed_at(self, embedding: nn.Embedding, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``tokens`` ``(B, T)`` at per-row ``positions`` ``(B, T)`` -> ``dropout(embedding * sqrt(d_model)
+        + PE[positions])`` ``(B, T, d_model)`` (no PE for rope/alibi; the caller checks the range)."""
+        x = embedding(tokens) * self.embed_scale  # (B, T, d_model)
+        if self.positions is not None:
+            x = x + self.positions.at(positions).to(x.dtype)  # (B, T, d_model)
+        return self.dropout(x)
+
+    def _encode_stream(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder-only ``encode``: the embedded, LEFT-padded source ``(B, S, d_model)`` (the stream's
+        prefix; the layers run in ``decode``) and its padding mask ``(B, S)``, True = pad (left)."""
+        real = src.ne(PAD_ID)  # (B, S)
+        order = torch.argsort(real.to(torch.int8), dim=1, stable=True)  # (B, S): pads first, tokens in order
+        src = src.gather(1, order)  # (B, S) left-padded
+        src_pad_mask = src.eq(PAD_ID)  # (B, S)
+        S = src.shape[1]
+        check_range(0, S, self.cfg.max_positions)
+        n_pad = src_pad_mask.sum(dim=1)  # (B,)
+        return self._embed_at(self.src_embed, src, self._stream_positions(n_pad, 0, S)), src_pad_mask
+
+    def _decode_stream(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor | None,
+        src_pad_mask: torch.Tensor | None,
+        kv_cache: KVCache | None,
+    ) -> torch.Tensor:
+        """Decoder-only ``decode``: logits ``(B, T, vocab_size)`` of the target positions ``tgt_in`` ``(B, T)``.
+
+        Without a cache, or on a cache's first call (the prefill: the cache grows by the source length
+        ``S`` and keeps ``src_pad_mask``), the stack runs over ``[memory, embedded tgt_in]``
+        (``B, S + T``); later cached calls run over the new target tokens only.
+        """
+        B, T = tgt_in.shape
+        prefill = kv_cache is None or kv_cache.src_pad_mask is None
+        if prefill:
+            if memory is None or src_pad_mask is None:
+                raise ValueError("decode needs memory (B, S, d_model) and src_pad_mask (B, S) from encode()")
+            if memory.shape[0] != B or src_pad_mask.shape[0] != B or memory.shape[1] != src_pad_mask.shape[1]:
+                raise ValueError(
+                    f"tgt_in batch {B}, memory {tuple(memory.shape)} and src_pad_mask "
+                    f"{tuple(src_pad_mask.shape)} disagree"
+                )
+        if kv_cache is not None and kv_cache.batch_size != B:
+            raise ValueError(f"tgt_in batch {B} != kv_cache batch {kv_cache.batch_size}")
+        if not prefill:
+            src_pad_mask = kv_cache.src_pad_mask
+        S = src_pad_mask.shape[1]
+        begin = 0 if prefill else kv_cache.length  # stream index of this call's first position
+        first_tgt = S if prefill else begin  # stream index of this call's first target token
+        end = first_tgt + T  # keys: stream indices 0 .. end - 1 (cached + new)
+        check_range(0, end, self.cfg.max_positions)
+        if prefill and kv_cache is not None:
+            kv_cache.reserve(S)
+            kv_cache.src_pad_mask = src_pad_mask
+        n_pad = src_pad_mask.sum(dim=1)  # (B,) left pads of each row
+        x = self._embed_at(self.tgt_embed, tgt_in, self._stream_positions(n_pad, first_tgt, T))  # (B, T, d_model)
+        if prefill:
+            x = torch.cat([memory.to(x.dtype), x], dim=1)  # (B, S + T, d_model)
+        positions = self._stream_positions(n_pad, begin, end - begin)  # (B, L) of this call's L positions
+        key_padding_mask = torch.cat([src_pad_mask, src_pad_mask.new_zeros(B, end - S)], dim=1)  # (B, end)
+        bias = None
+        if self.alibi_slopes is not None:  # (B, n_heads, L, end), once per call, shared by every layer
+            bias = alibi_bias(self.alibi_slopes, positions, self._stream_positions(n_pad, 0, end))
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, key_padding_mask, positions=positions, layer_idx=i, kv_cache=kv_cache, bias=bias)
+        if kv_cache is not None:
+            kv_cache.advance(end - begin)
+        x = self.decoder_norm(x[:, -T:])  # (B, T, d_model): the target positions only
+        return F.linear(x, self.tgt_embed.weight)  # (B, T, vocab_size)
+
+    # ------------------------------------------------------------------ encode / decode
+
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode ``src`` ``(B, S)`` token ids (right-padded with PAD).
 
         Returns ``memory`` ``(B, S, d_model)`` (rows at pad positions are meaningless) and
-        ``src_pad_mask`` ``(B, S)`` bool, True = pad. Raises ``ValueError`` for a bad shape or S >
-        ``max_positions``.
+        ``src_pad_mask`` ``(B, S)`` bool, True = pad. Decoder-only: ``memory`` is the embedded source
+        moved to LEFT padding (the stream's prefix, not yet through any layer) and ``src_pad_mask``
+        marks that left padding. Raises ``ValueError`` for a bad shape or S > ``max_positions``.
         """
         if src.dim() != 2 or src.dtype != torch.long:
             raise ValueError(f"encode expects src (B, S) long token ids, got {src.dtype} {tuple(src.shape)}")
+        if self.decoder_only:
+            return self._encode_stream(src)
         src_pad_mask = src.eq(PAD_ID)  # (B, S)
         x = self._embed(self.src_embed, src, 0)  # (B, S, d_model)
         bias = self._alibi(0, src.shape[1], src.shape[1])  # (1, n_heads, S, S) or None
@@ -349,11 +511,12 @@ class Transformer(nn.Module):
     ) -> KVCache:
         """An empty ``KVCache`` for ``batch_size`` rows and up to ``max_len`` target tokens (BOS included).
 
-        ``dtype``/``device`` default to the model's parameters.
+        ``dtype``/``device`` default to the model's parameters. Decoder-only: one cache per layer of
+        the ``2 * n_layers`` stack; the first ``decode`` call adds room for the source prefix.
         """
         ref = self.tgt_embed.weight
         return KVCache(
-            n_layers=self.cfg.n_layers, batch_size=batch_size, n_kv_heads=self.cfg.kv_heads,
+            n_layers=len(self.decoder_layers), batch_size=batch_size, n_kv_heads=self.cfg.kv_heads,
             head_dim=self.cfg.head_dim, max_len=max_len, dtype=dtype or ref.dtype, device=device or ref.device,
         )  # fmt: skip
 
@@ -375,11 +538,17 @@ class Transformer(nn.Module):
         ``memory`` ``(B, S, d_model)`` and ``src_pad_mask`` ``(B, S)`` are stored; later calls
         use the stored ones (``memory``/``src_pad_mask`` may then be None).
 
+        Decoder-only: the same contract, with ``memory``/``src_pad_mask`` from ``encode`` (the
+        left-padded source prefix); the first call with an empty cache prefills it with the source
+        (``_decode_stream``).
+
         Raises ``ValueError`` for a batch mismatch, a missing memory, or positions beyond
         ``max_positions``.
         """
         if tgt_in.dim() != 2 or tgt_in.dtype != torch.long:
             raise ValueError(f"decode expects tgt_in (B, T) long token ids, got {tgt_in.dtype} {tuple(tgt_in.shape)}")
+        if self.decoder_only:
+            return self._decode_stream(tgt_in, memory, src_pad_mask, kv_cache)
         B, T = tgt_in.shape
         start = 0
         needs_memory = kv_cache is None or not kv_cache.has_cross

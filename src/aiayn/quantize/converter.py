@@ -20,7 +20,8 @@ weight by weight (checked to ~1e-6 in log-probabilities by ``tests/test_quantize
   piece ``i`` (ids line up exactly, PAD/UNK/BOS/EOS = 0/1/2/3 included); sources are passed with our
   EOS already appended (``add_source_eos=False``); decoding starts from ``<s>`` (BOS_ID).
 
-Anything else is refused with ``UnsupportedModelError`` naming the ``ModelConfig`` field.
+Anything else (``arch='decoder_only'`` included) is refused with ``UnsupportedModelError`` naming the
+``ModelConfig`` field.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class UnsupportedModelError(ValueError):
 
 def check_supported(cfg: ModelConfig) -> None:
     """Raise ``UnsupportedModelError`` naming the first ``ModelConfig`` field we cannot map."""
+    if cfg.arch != "encoder_decoder":
+        raise UnsupportedModelError(
+            f"ModelConfig.arch={cfg.arch!r} is not supported by the CTranslate2 converter: it maps the "
+            "encoder-decoder TransformerSpec only; a decoder-only stream model (source prefix, left-padded "
+            "per-row positions, target-only decoding) would need CTranslate2's decoder-only spec and Generator, "
+            "not mapped here"
+        )
     if cfg.activation not in _ACTIVATIONS:
         raise UnsupportedModelError(
             f"ModelConfig.activation={cfg.activation!r} is not supported by the CTranslate2 converter "

@@ -25,7 +25,7 @@ from aiayn.config import Params
 from aiayn.export import EAGER, build_bundle, register_bundle
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker, dvc_data_hashes, git_commit
-from aiayn.translate import DecodeOptions, max_source_tokens
+from aiayn.translate import DecodeOptions, _read_model_config, max_source_tokens
 
 __all__ = ["run", "REGISTERED_MODEL"]
 
@@ -82,7 +82,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     model_meta = _read_json(layout.model / "model.json")
     decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
-    max_src = max_source_tokens(int(model_meta["model"]["max_positions"]), decode)
+    max_src = max_source_tokens(_read_model_config(layout.model / "model.json").max_side_tokens, decode)
     name = os.environ.get("AIAYN_REGISTERED_MODEL", REGISTERED_MODEL)
     card = {
         "name": name,
