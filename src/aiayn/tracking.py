@@ -673,6 +673,8 @@ class Tracker:
 
     def _context_tags(self) -> dict[str, str]:
         tags = _git_tags(self.project_root)
+        if os.environ.get("DVC_EXP_NAME"):  # set by DVC for queued / temp experiments
+            tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
         try:
             hashes = dvc_data_hashes(self.project_root)
         except ValueError as e:
@@ -1189,5 +1191,77 @@ def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report
         client.set_terminated(run.info.run_id, status="FINISHED")
         return run.info.run_id
     except Exception as e:  # noqa: BLE001 - tracking never fails a check
+        log.warning("MLflow tracking disabled: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+
+
+def stage_metrics_by_experiment(project_root: str | Path, exp_names: list[str], stage: str, *,
+                                experiment: str = "aiayn", tracking_uri: str | None = None) -> dict[str, dict[str, float]]:
+    """The latest values of every metric of ``stage``'s newest run per DVC experiment name.
+
+    Stage runs carry the tag ``dvc.exp_name`` when DVC ran them as an experiment
+    (``dvc exp run --queue/--temp`` sets ``DVC_EXP_NAME``). Returns ``{exp_name: {metric: value}}``
+    for the names found; ``{}`` when tracking is off or the store cannot be read (one warning).
+    """
+    if not tracking_enabled(True) or not exp_names:
+        return {}
+    uri = resolve_tracking_uri(Path(project_root).resolve(), tracking_uri)
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        for name in exp_names:
+            runs = client.search_runs([exp.experiment_id],
+                                      f"tags.`dvc.exp_name` = '{name}' and tags.`aiayn.stage` = '{stage}'",
+                                      order_by=["attributes.start_time DESC"], max_results=1)
+            if runs:
+                out[name] = dict(runs[0].data.metrics)
+        return out
+    except Exception as e:  # noqa: BLE001 - a report without these numbers is still a report
+        log.warning("MLflow store not readable: %s: %s", type(e).__name__, e)
+        return {}
+
+
+def log_study(project_root: str | Path, name: str, metrics: Mapping[str, float], params: Mapping[str, Any],
+              artifacts: str | Path | None, *, experiment: str = "aiayn-studies",
+              tracking_uri: str | None = None) -> str | None:
+    """Record one study (e.g. the seed-variance report, ``benchmarks/variants.py``) as an MLflow run.
+
+    Run ``name`` in ``experiment`` with ``params`` (the budget, seeds, variants), ``metrics``
+    (means, standard deviations, ranges) and the files under ``artifacts`` (table, JSON, plot)
+    as artifacts ``study/``. Returns the run id, or None when tracking is off or fails (one warning).
+    """
+    if not tracking_enabled(True):
+        return None
+    root = Path(project_root).resolve()
+    uri = resolve_tracking_uri(root, tracking_uri)
+    why = _open_http(uri)
+    if why:
+        log.warning("MLflow tracking disabled: %s", why)
+        return None
+    try:
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric, Param
+
+        _open_sqlite(uri)
+        client = MlflowClient(tracking_uri=uri)
+        run = client.create_run(_experiment_id(client, uri, experiment), run_name=name,
+                                tags=_git_tags(root) | {"aiayn.kind": "study"})
+        now = int(time.time() * 1000)
+        ms = [Metric(_BAD_KEY_CHARS.sub("_", k)[:_MAX_KEY_LEN], float(v), now, 0) for k, v in metrics.items()]
+        ps = [Param(_BAD_KEY_CHARS.sub("_", k)[:_MAX_KEY_LEN], _param_value(v)) for k, v in params.items()]
+        for chunk in _chunks(ms, 1000):
+            client.log_batch(run.info.run_id, metrics=chunk)
+        for chunk in _chunks(ps, 100):
+            client.log_batch(run.info.run_id, params=chunk)
+        if artifacts is not None and Path(artifacts).is_dir():
+            client.log_artifacts(run.info.run_id, str(artifacts), "study")
+        client.set_terminated(run.info.run_id, status="FINISHED")
+        return run.info.run_id
+    except Exception as e:  # noqa: BLE001
         log.warning("MLflow tracking disabled: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None

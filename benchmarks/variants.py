@@ -1,0 +1,386 @@
+"""Seed variance and the modern variants, measured against the paper's model: one command, DVC experiments.
+
+    python benchmarks/variants.py [--seeds 1,2,3] [--data-seeds 1,2,3] [--variants rope,alibi,gqa,swiglu,...]
+        [--variant-seeds 1,2] [--budget train.max_steps=400 ...] [--jobs 2] [--tag NAME] [--collect-only]
+
+1. **Queue** one DVC experiment per run, up to the ``evaluate`` stage
+   (``dvc exp run --queue evaluate -n <tag>-<variant>-s<seed>-d<data_seed> -S ...``):
+   - seed study: ``train.seed`` in ``--seeds`` with ``data_seed`` 1;
+   - data-order study: ``train.data_seed`` in ``--data-seeds`` with ``seed`` 1;
+   - each variant of ``--variants`` with ``train.seed`` in ``--variant-seeds``.
+   Every run gets the same ``--budget`` overrides (steps, warmup, checkpoints) and
+   ``train.num_threads = 1`` (``--jobs`` runs share the cores). A variant whose parameter count
+   differs from the paper model's by more than 1 % gets the ``d_ff`` that brings it closest
+   (GQA and decoder-only lose attention weights; SwiGLU already keeps them equal).
+2. **Run** them: ``dvc queue start -j JOBS``, wait until the queue is empty.
+3. **Collect** BLEU/chrF per test set (``artifacts/eval_metrics.json`` of each experiment, via
+   ``dvc exp show --json``) and the train stage's tokens/s (its MLflow run, found by the
+   ``dvc.exp_name`` tag). **Report**: BLEU mean, standard deviation (n-1) and range per source
+   of variance and per variant, whether a variant's difference from the paper model exceeds
+   the seed variance, a strip plot, and the decode side of each variant's seed-1 model (decode
+   tokens/s with beam 4 at batch 32 and 1, KV-cache bytes per generated token from the cache
+   object, BLEU on inputs joined from 4 test sentences: length extrapolation).
+   Everything goes to ``test-output/variants/<tag>/`` and one MLflow run (experiment
+   ``aiayn-studies``, ``aiayn.tracking.log_study``).
+
+``--collect-only`` skips 1-2 (report on experiments already run under ``--tag``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DVC = str(BIN / "dvc")
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "learned": {"model.positions": "learned"},
+    "rope": {"model.positions": "rope"},
+    "alibi": {"model.positions": "alibi"},
+    "gqa": {"model.n_kv_heads": 2},
+    "mqa": {"model.n_kv_heads": 1},
+    "swiglu": {"model.activation": "swiglu"},
+    "prenorm": {"model.norm": "pre"},
+    "rmsnorm": {"model.norm": "pre", "model.norm_type": "rmsnorm"},
+    "decoder_only": {"model.arch": "decoder_only"},
+}
+SPLITS_KEY = "artifacts/eval_metrics.json"
+PRIMARY = "test_2016_flickr"
+
+
+def sh(*cmd: str, check: bool = True, timeout: float = 600) -> str:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "AIAYN_DATA_MIRROR": os.environ.get("AIAYN_DATA_MIRROR", "")})
+    if check and proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+# ----------------------------------------------------------------------------------------- planning
+
+
+def model_overrides(variant: str, budget_params: dict[str, Any]) -> dict[str, Any]:
+    """The variant's ``model.*`` overrides, plus the ``d_ff`` that keeps its parameters within 1 % of the paper model's."""
+    from aiayn.config import load_params
+    from aiayn.model import Transformer
+
+    base = load_params(ROOT / "params.yaml").model
+    vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
+    over = dict(VARIANTS[variant])
+    fields = {k.split(".", 1)[1]: v for k, v in over.items()}
+    ref = Transformer(base.model_copy(update={"vocab_size": vocab}), device="meta").num_parameters()
+
+    def count(d_ff: int) -> int:
+        cfg = base.model_copy(update={"vocab_size": vocab, **fields, "d_ff": d_ff})
+        return Transformer(type(base).model_validate(cfg.model_dump()), device="meta").num_parameters()
+
+    n = count(base.d_ff)
+    if abs(n - ref) / ref > 0.01:
+        best = min(range(8, 8 * base.d_ff, 8), key=lambda d: abs(count(d) - ref))
+        over["model.d_ff"] = best
+    return over
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    runs: dict[tuple, dict[str, Any]] = {}
+
+    def add(variant: str, seed: int, data_seed: int, study: str) -> None:
+        key = (variant, seed, data_seed)
+        run = runs.setdefault(key, {"variant": variant, "seed": seed, "data_seed": data_seed, "studies": [],
+                                    "name": f"{args.tag}-{variant}-s{seed}-d{data_seed}".replace("_", "-")})
+        run["studies"].append(study)
+
+    for s in args.seeds:
+        add("paper", s, 1, "seed")
+    for d in args.data_seeds:
+        add("paper", 1, d, "data_seed")
+    for v in args.variants:
+        for s in args.variant_seeds:
+            add(v, s, 1, "variant")
+    return list(runs.values())
+
+
+def _set_flag(raw: dict[str, Any], key: str, value: Any) -> str:
+    """``-S`` argument: ``key=value`` when params.yaml has the key, ``+key=value`` (append) otherwise."""
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return f"+{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}"
+        node = node[part]
+    return f"{key}={value}"
+
+
+def queue(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    cache: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        over = cache.setdefault(run["variant"], model_overrides(run["variant"], {}))
+        run["overrides"] = over
+        sets = {**args.budget, "train.seed": run["seed"], "train.data_seed": run["data_seed"],
+                "train.num_threads": 1, **over}
+        flags = [x for k, v in sets.items() for x in ("-S", _set_flag(raw, k, v))]
+        sh(DVC, "exp", "run", "--queue", "evaluate", "-n", run["name"], *flags)
+        print(f"queued {run['name']}: {sets}", file=sys.stderr, flush=True)
+
+
+def run_queue(jobs: int, poll_s: float = 20.0) -> None:
+    sh(DVC, "queue", "start", "-j", str(jobs))
+    while True:
+        status = sh(DVC, "queue", "status", check=False)
+        busy = [line for line in status.splitlines() if re.search(r"\b(Queued|Running)\b", line)]
+        if not busy:
+            break
+        print(f"{datetime.now():%H:%M:%S} {len(busy)} queued/running", file=sys.stderr, flush=True)
+        time.sleep(poll_s)
+    sh(DVC, "queue", "stop", check=False)
+
+
+# ----------------------------------------------------------------------------------------- collecting
+
+
+def _walk(node: Any):
+    if isinstance(node, dict):
+        if node.get("name") and isinstance(node.get("data"), dict):
+            yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def collect(runs: list[dict[str, Any]]) -> None:
+    entries = {e["name"]: e for e in _walk(json.loads(sh(DVC, "exp", "show", "--json", "--all-commits")))}
+    from aiayn.tracking import stage_metrics_by_experiment
+
+    train = stage_metrics_by_experiment(ROOT, [r["name"] for r in runs], "train")
+    for run in runs:
+        e = entries.get(run["name"])
+        metrics = ((e or {}).get("data", {}).get("metrics") or {}).get(SPLITS_KEY, {}).get("data") if e else None
+        run["rev"] = (e or {}).get("rev") or (e or {}).get("data", {}).get("rev")
+        run["eval"] = metrics or None
+        run["train_tokens_per_s"] = train.get(run["name"], {}).get("train_tokens_per_s")
+        run["train_seconds"] = train.get(run["name"], {}).get("train_seconds")
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "range": max(values) - min(values)}
+
+
+# ----------------------------------------------------------------------------------------- decode side
+
+
+def materialize_model(rev: str, dst: Path) -> Path:
+    """Copy the experiment's ``artifacts/model`` out of the DVC cache (its hash from the experiment's ``dvc.lock``)."""
+    lock = yaml.safe_load(sh("git", "show", f"{rev}:dvc.lock"))
+    out = next(o for o in lock["stages"]["train"]["outs"] if o["path"] == "artifacts/model")
+    cache = ROOT / ".dvc" / "cache" / "files" / "md5"
+
+    def blob(md5: str) -> Path:
+        return cache / md5[:2] / md5[2:]
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in json.loads(blob(out["md5"]).read_text()):
+        target = dst / entry["relpath"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(blob(entry["md5"]), target)
+    return dst
+
+
+def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
+    """Decode tokens/s (beam 4; batches of 32 and of 1 sentence), KV-cache bytes per token per layer and
+    BLEU on inputs joined from 4 consecutive test sentences (length extrapolation), 1 thread."""
+    import torch
+
+    from aiayn.model.kv_cache import cache_bytes_per_token
+    from aiayn.scoring import score
+    from aiayn.translate import DecodeOptions, Translator
+
+    torch.set_num_threads(1)
+    tr = Translator.from_dir(model_dir, device="cpu")
+    prepared = ROOT / "artifacts" / "prepared"
+    src = (prepared / f"{PRIMARY}.en").read_text(encoding="utf-8").splitlines()
+    ref = (prepared / f"{PRIMARY}.de").read_text(encoding="utf-8").splitlines()
+    opts = DecodeOptions(beam_size=4, len_penalty=0.6, max_len_a=1.0, max_len_b=50, max_tokens=10**6)
+    out: dict[str, float] = {"kv_bytes_per_token_fp32": float(cache_bytes_per_token(tr.model.cfg, torch.float32))}
+    for label, lines, batch in (("b32", src[:256], 32), ("b1", src[:24], 1)):
+        ids = tr.encode(lines, opts)
+        speeds = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            n = 0
+            for i in range(0, len(ids), batch):
+                n += sum(len(h) + 1 for h in tr.translate_ids(ids[i:i + batch], opts))  # + EOS
+            speeds.append(n / (time.perf_counter() - t))
+        out[f"decode_tokens_per_s_{label}"] = statistics.median(speeds)
+    joined_src = [" ".join(src[i:i + 4]) for i in range(0, len(src) - 3, 4)]
+    joined_ref = [" ".join(ref[i:i + 4]) for i in range(0, len(ref) - 3, 4)]
+    out["joined4_bleu"] = score(tr.translate(joined_src, opts, long="error"), joined_ref)["bleu"]
+    out["joined4_src_tokens_mean"] = statistics.mean(len(x) for x in tr.encode(joined_src, opts))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- report
+
+
+def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
+    done = [r for r in runs if r.get("eval")]
+    bleu = {r["name"]: r["eval"][PRIMARY]["bleu"] for r in done}
+    lines = [f"### Seed variance and variants ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+             f"{platform.machine()}, {os.cpu_count()} CPUs, tag `{args.tag}`)", "",
+             f"`python benchmarks/variants.py {' '.join(args.argv)}`", "",
+             f"Budget (every run): {', '.join(f'{k}={v}' for k, v in args.budget.items())}; train.num_threads=1, "
+             f"{args.jobs} runs at a time. BLEU = sacreBLEU on {PRIMARY} (beam 4, the evaluate stage). "
+             f"{len(done)} of {len(runs)} runs finished.", ""]
+    metrics: dict[str, float] = {}
+    lines += ["| source of variance | runs | BLEU mean | std | min | max | range |", "|---|---|---|---|---|---|---|"]
+    study_std: dict[str, float] = {}
+    for study, label in (("seed", "train.seed (data_seed 1)"), ("data_seed", "train.data_seed (seed 1)")):
+        vals = [bleu[r["name"]] for r in done if study in r["studies"]]
+        if len(vals) >= 2:
+            st = stats(vals)
+            study_std[study] = st["std"]
+            metrics |= {f"{study}.bleu_{k}": v for k, v in st.items()}
+            lines.append(f"| {label} | {st['n']} | {st['mean']:.2f} | {st['std']:.2f} | {st['min']:.2f} | "
+                         f"{st['max']:.2f} | {st['range']:.2f} |")
+    noise = max(study_std.values()) if study_std else 0.0
+    lines += ["", f"A variant's difference from the paper model counts as real when it exceeds 2 x the larger "
+                  f"seed standard deviation above ({2 * noise:.2f} BLEU) — and with 2 seeds per variant even that "
+                  f"is a coarse test.", ""]
+    from aiayn.config import load_params
+    from aiayn.model import Transformer
+
+    base = load_params(ROOT / "params.yaml").model
+    vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
+    paper_vals = [bleu[r["name"]] for r in done if r["variant"] == "paper" and r["data_seed"] == 1
+                  and r["seed"] in args.variant_seeds]
+    paper_mean = statistics.mean(paper_vals) if paper_vals else float("nan")
+    lines += ["| variant | overrides | params | BLEU mean ± std (seeds) | Δ vs paper | beyond seed noise? | "
+              "train tok/s | decode tok/s b32 / b1 | KV bytes/token (fp32, all layers) | BLEU joined x4 |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for variant in ["paper", *args.variants]:
+        rs = [r for r in done if r["variant"] == variant and r["data_seed"] == 1 and r["seed"] in args.variant_seeds]
+        if not rs:
+            continue
+        over = rs[0].get("overrides") or model_overrides(variant, {})
+        fields = {k.split(".", 1)[1]: v for k, v in over.items()}
+        cfg = type(base).model_validate(base.model_copy(update={"vocab_size": vocab, **fields}).model_dump())
+        params = Transformer(cfg, device="meta").num_parameters()
+        vals = [bleu[r["name"]] for r in rs]
+        st = stats(vals)
+        delta = st["mean"] - paper_mean
+        tps = [r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")]
+        dec = rs[0].get("decode") or {}
+        verdict = "—" if variant == "paper" else ("yes" if abs(delta) > 2 * noise else "no")
+        metrics |= {f"{variant}.bleu_mean": st["mean"], f"{variant}.bleu_std": st["std"], f"{variant}.params": params,
+                    **{f"{variant}.{k}": v for k, v in dec.items()}}
+        lines.append(
+            f"| {variant} | {', '.join(f'{k.split('.', 1)[1]}={v}' for k, v in over.items()) or '—'} | "
+            f"{params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} ({','.join(str(r['seed']) for r in rs)}) | "
+            f"{delta:+.2f} | {verdict} | {statistics.median(tps):.0f} | "
+            f"{dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / {dec.get('decode_tokens_per_s_b1', float('nan')):.0f} | "
+            f"{dec.get('kv_bytes_per_token_fp32', float('nan')) * cfg.n_layers * (2 if cfg.arch == 'decoder_only' else 1):.0f} | "
+            f"{dec.get('joined4_bleu', float('nan')):.2f} |" if tps else
+            f"| {variant} | … | {params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} | {delta:+.2f} | {verdict} | n/a | | | |")
+    table = "\n".join(lines)
+    (out_dir / "report.md").write_text(table + "\n", encoding="utf-8")
+    (out_dir / "runs.json").write_text(json.dumps(runs, indent=1, default=str), encoding="utf-8")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        groups = [("seed", [bleu[r["name"]] for r in done if "seed" in r["studies"]]),
+                  ("data_seed", [bleu[r["name"]] for r in done if "data_seed" in r["studies"]])]
+        groups += [(v, [bleu[r["name"]] for r in done if r["variant"] == v and "variant" in r["studies"]])
+                   for v in args.variants]
+        groups = [(g, v) for g, v in groups if v]
+        fig, ax = plt.subplots(figsize=(1.2 * len(groups) + 2, 4))
+        for i, (g, vals) in enumerate(groups):
+            ax.scatter([i] * len(vals), vals, s=30)
+            ax.hlines(statistics.mean(vals), i - 0.25, i + 0.25)
+        ax.set_xticks(range(len(groups)), [g for g, _ in groups], rotation=30)
+        ax.set_ylabel(f"BLEU ({PRIMARY})")
+        ax.set_title(f"Seed variance and variants ({args.tag})")
+        fig.tight_layout()
+        fig.savefig(out_dir / "bleu.png", dpi=120)
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ap.add_argument("--seeds", type=ints, default=[1, 2, 3])
+    ap.add_argument("--data-seeds", type=ints, default=[1, 2, 3])
+    ap.add_argument("--variants", type=lambda s: [x for x in s.split(",") if x],
+                    default=["rope", "alibi", "gqa", "swiglu", "rmsnorm", "decoder_only"])
+    ap.add_argument("--variant-seeds", type=ints, default=[1, 2])
+    ap.add_argument("--budget", action="append", default=[], metavar="KEY=VALUE",
+                    help="a params override for every run (repeatable), e.g. train.max_steps=400")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tag", default=f"var{datetime.now():%m%d%H%M}")
+    ap.add_argument("--collect-only", action="store_true")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode-side measurements")
+    args = ap.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    args.budget = dict(kv.split("=", 1) for kv in args.budget)
+    out_dir = ROOT / "test-output" / "variants" / args.tag
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = plan(args)
+    plan_file = out_dir / "plan.json"
+    if args.collect_only:
+        runs = json.loads(plan_file.read_text())
+    else:
+        queue(runs, args)
+        plan_file.write_text(json.dumps(runs, indent=1), encoding="utf-8")
+        t = time.perf_counter()
+        run_queue(args.jobs)
+        print(f"queue finished in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    collect(runs)
+    if not args.no_decode:
+        for variant in {r["variant"] for r in runs}:
+            first = next((r for r in sorted(runs, key=lambda r: (r["seed"], r["data_seed"]))
+                          if r["variant"] == variant and r.get("rev") and r.get("eval")), None)
+            if first is None:
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                first["decode"] = decode_side(materialize_model(first["rev"], Path(tmp) / "model"))
+            print(f"decode side {variant}: {first['decode']}", file=sys.stderr, flush=True)
+    metrics = report(runs, args, out_dir)
+    from aiayn.tracking import log_study
+
+    run_id = log_study(ROOT, f"variants-{args.tag}", metrics, {"tag": args.tag, "jobs": args.jobs, **args.budget,
+                                                              "seeds": args.seeds, "data_seeds": args.data_seeds,
+                                                              "variants": args.variants,
+                                                              "variant_seeds": args.variant_seeds}, out_dir)
+    print((out_dir / "report.md").read_text())
+    print(f"files: {out_dir}; MLflow run: {run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
