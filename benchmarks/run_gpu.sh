@@ -10,10 +10,12 @@
 #   env.txt                 GPU, driver, torch/triton versions
 #   pytest_gpu.txt          the `gpu` tests of tests/test_flash_attention.py (compiled kernels)
 #   training_check.log/json tiny model, 300 steps, backend triton vs sdpa (loss curves)
+#   train_throughput.md     base preset, bf16: tokens/s and peak memory, SDPA vs Triton vs torch.compile
+#   smoke_cuda.log          the smoke pipeline's stages on CUDA (when a mirror and the packages exist)
 #   attention_bench.md/log  benchmarks/attention.py table (+ autotuning choices in the log)
 #   summary.txt             exit status of every step
 #
-# Time: each step has its own limit (120 s + 120 s + 240 s = 8 min at most);
+# Time: each step has its own limit (120 + 120 + 150 + 120 + 180 s = 11.5 min at most);
 # the benchmark rewrites its table after every row, so a time-out still leaves
 # the rows measured so far. Order: correctness first, then the training check,
 # then the (longest) benchmark.
@@ -90,8 +92,37 @@ else
   echo "training_check: skipped (pydantic/pyyaml not installed; aiayn.config needs them)" | tee -a "$summary"
 fi
 
-# 3. Benchmark: autotuned kernels vs SDPA flash/efficient; head_dim 128 first (the issue's target row).
-TRITON_PRINT_AUTOTUNING=1 step attention_bench 240 \
+# 3. Training throughput and memory, base preset, bf16: SDPA vs Triton vs torch.compile (issue 14).
+if "$PYTHON" -c "import pydantic, yaml, numpy" 2>/dev/null; then
+  step train_throughput 150 \
+    "$PYTHON" benchmarks/gpu_train_throughput.py --steps 30 --warmup 10 --rounds 1 --out "$OUT/train_throughput.json" \
+    > "$OUT/train_throughput.md" 2> "$OUT/train_throughput.log"
+  cat "$OUT/train_throughput.md"
+else
+  echo "train_throughput: skipped (pydantic/pyyaml/numpy not installed)" | tee -a "$summary"
+fi
+
+# 4. The smoke pipeline on CUDA (fetch from a local mirror -> evaluate), when its packages and a mirror exist.
+MIRROR="${AIAYN_DATA_MIRROR:-$PWD/../shared/data/multi30k}"
+if "$PYTHON" -c "import sentencepiece, sacrebleu, typer, safetensors" 2>/dev/null && [ -f "$MIRROR/SHA256SUMS" ]; then
+  SMOKE="$OUT/smoke"; mkdir -p "$SMOKE"
+  sed 's/^  max_steps: .*/  max_steps: 150\n  device: cuda/' configs/smoke.yaml > "$SMOKE/params.yaml"
+  cat > "$SMOKE/run.sh" <<EOF2
+set -e
+export AIAYN_TRACKING=off
+"$PYTHON" -m aiayn.cli fetch --mirror "$MIRROR" --root "$SMOKE"
+for s in prepare tokenize train evaluate; do
+  "$PYTHON" -m aiayn.cli "\$s" --params "$SMOKE/params.yaml" --root "$SMOKE"
+done
+EOF2
+  step smoke_cuda 120 bash "$SMOKE/run.sh" > "$OUT/smoke_cuda.log" 2>&1
+  tail -n 5 "$OUT/smoke_cuda.log"; cat "$SMOKE/artifacts/eval_metrics.json" 2>/dev/null
+else
+  echo "smoke_cuda: skipped (needs sentencepiece, sacrebleu, typer, safetensors and a Multi30k mirror at $MIRROR)" | tee -a "$summary"
+fi
+
+# 5. Benchmark: autotuned kernels vs SDPA flash/efficient; head_dim 128 first (the issue's target row).
+TRITON_PRINT_AUTOTUNING=1 step attention_bench 180 \
   "$PYTHON" benchmarks/attention.py --head-dims 128,64 --rep-ms 40 --out "$OUT/attention_bench.md" \
   > "$OUT/attention_bench.log" 2>&1
 grep '^|' "$OUT/attention_bench.log" | tail -n 30

@@ -13,9 +13,9 @@
    differs from the paper model's by more than 1 % gets the ``d_ff`` that brings it closest
    (GQA and decoder-only lose attention weights; SwiGLU already keeps them equal).
 2. **Run** them: ``dvc queue start -j JOBS``, wait until the queue is empty.
-3. **Collect** BLEU/chrF per test set (``artifacts/eval_metrics.json`` of each experiment, via
-   ``dvc exp show --json``) and the train stage's tokens/s (its MLflow run, found by the
-   ``dvc.exp_name`` tag). **Report**: BLEU mean, standard deviation (n-1) and range per source
+3. **Collect** BLEU/chrF per test set and the train stage's tokens/s from each experiment's
+   stage runs in MLflow (found by the ``dvc.exp_name`` tag DVC's queue sets), its git revision
+   from ``dvc exp show --json``. **Report**: BLEU mean, standard deviation (n-1) and range per source
    of variance and per variant, whether a variant's difference from the paper model exceeds
    the seed variance, a strip plot, and the decode side of each variant's seed-1 model (decode
    tokens/s with beam 4 at batch 32 and 1, KV-cache bytes per generated token from the cache
@@ -66,8 +66,9 @@ PRIMARY = "test_2016_flickr"
 
 
 def sh(*cmd: str, check: bool = True, timeout: float = 600) -> str:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "AIAYN_DATA_MIRROR": os.environ.get("AIAYN_DATA_MIRROR", "")})
+    # The queue's workers start `dvc`, and the stages `python`, from PATH: this venv's first (as the Makefile does).
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -167,17 +168,24 @@ def _walk(node: Any):
 
 
 def collect(runs: list[dict[str, Any]]) -> None:
+    """Each run's git revision (``dvc exp show``), its BLEU/chrF per test set and the train stage's
+    tokens/s (the stage runs in MLflow, tagged ``dvc.exp_name``: ``eval_metrics.json`` is a git-ignored,
+    uncached DVC metrics file, so the experiment's commit does not hold it)."""
     entries = {e["name"]: e for e in _walk(json.loads(sh(DVC, "exp", "show", "--json", "--all-commits")))}
     from aiayn.tracking import stage_metrics_by_experiment
 
-    train = stage_metrics_by_experiment(ROOT, [r["name"] for r in runs], "train")
+    names = [r["name"] for r in runs]
+    train = stage_metrics_by_experiment(ROOT, names, "train")
+    evaluate = stage_metrics_by_experiment(ROOT, names, "evaluate")
     for run in runs:
-        e = entries.get(run["name"])
-        metrics = ((e or {}).get("data", {}).get("metrics") or {}).get(SPLITS_KEY, {}).get("data") if e else None
-        run["rev"] = (e or {}).get("rev") or (e or {}).get("data", {}).get("rev")
-        run["eval"] = metrics or None
+        e = entries.get(run["name"]) or {}
+        run["rev"] = e.get("rev") or e.get("data", {}).get("rev")
+        m = evaluate.get(run["name"], {})
+        splits = sorted({k.rsplit(".", 1)[0] for k in m if k.endswith(".bleu")})
+        run["eval"] = {sp: {"bleu": m[f"{sp}.bleu"], "chrf": m.get(f"{sp}.chrf")} for sp in splits} or None
         run["train_tokens_per_s"] = train.get(run["name"], {}).get("train_tokens_per_s")
         run["train_seconds"] = train.get(run["name"], {}).get("train_seconds")
+        run["valid_loss"] = train.get(run["name"], {}).get("averaged_valid_loss")
 
 
 def stats(values: list[float]) -> dict[str, float]:
@@ -292,14 +300,15 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
         verdict = "—" if variant == "paper" else ("yes" if abs(delta) > 2 * noise else "no")
         metrics |= {f"{variant}.bleu_mean": st["mean"], f"{variant}.bleu_std": st["std"], f"{variant}.params": params,
                     **{f"{variant}.{k}": v for k, v in dec.items()}}
+        over_txt = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in over.items()) or "—"
+        seeds_txt = ",".join(str(r["seed"]) for r in rs)
+        kv_all = dec.get("kv_bytes_per_token_fp32", float("nan")) * cfg.n_layers * (2 if cfg.arch == "decoder_only" else 1)
+        tps_txt = f"{statistics.median(tps):.0f}" if tps else "n/a"
         lines.append(
-            f"| {variant} | {', '.join(f'{k.split('.', 1)[1]}={v}' for k, v in over.items()) or '—'} | "
-            f"{params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} ({','.join(str(r['seed']) for r in rs)}) | "
-            f"{delta:+.2f} | {verdict} | {statistics.median(tps):.0f} | "
-            f"{dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / {dec.get('decode_tokens_per_s_b1', float('nan')):.0f} | "
-            f"{dec.get('kv_bytes_per_token_fp32', float('nan')) * cfg.n_layers * (2 if cfg.arch == 'decoder_only' else 1):.0f} | "
-            f"{dec.get('joined4_bleu', float('nan')):.2f} |" if tps else
-            f"| {variant} | … | {params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} | {delta:+.2f} | {verdict} | n/a | | | |")
+            f"| {variant} | {over_txt} | {params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} ({seeds_txt}) | "
+            f"{delta:+.2f} | {verdict} | {tps_txt} | {dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / "
+            f"{dec.get('decode_tokens_per_s_b1', float('nan')):.0f} | {kv_all:.0f} | "
+            f"{dec.get('joined4_bleu', float('nan')):.2f} |")
     table = "\n".join(lines)
     (out_dir / "report.md").write_text(table + "\n", encoding="utf-8")
     (out_dir / "runs.json").write_text(json.dumps(runs, indent=1, default=str), encoding="utf-8")
