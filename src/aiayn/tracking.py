@@ -272,17 +272,37 @@ def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
                     if p and h:
                         target[p] = h
 
-    for dvc_file in sorted(p for p in root.glob("*.dvc") if p.is_file()):  # not the .dvc/ directory
-        doc = _load(dvc_file) or {}
-        if not isinstance(doc, Mapping):
-            raise ValueError(f"{dvc_file}: expected a mapping at top level, got {type(doc).__name__}")
-        base = dvc_file.parent.relative_to(root).as_posix()
-        for entry in _entries(dvc_file, doc.get("outs"), "outs"):
-            p, h = _local_path("" if base == "." else base, entry.get("path")), _out_hash(entry)
-            if p and h:
-                outs[p] = h
+    for dvc_file, entry in dvc_file_outs(root, strict=True):
+        p, h = _local_path("", entry.get("path")), _out_hash(entry)
+        if p and h:
+            outs[p] = h
 
     return {**deps, **outs}
+
+
+def dvc_file_outs(project_root: str | Path, *, strict: bool) -> list[tuple[Path, Mapping[str, Any]]]:
+    """``(dvc_file, out_entry)`` for every ``outs`` entry of the project's top-level ``*.dvc`` files.
+
+    The one reader of ``.dvc`` files here (``dvc_data_hashes``, ``dvc_datasets``). ``strict``:
+    raise ``ValueError`` naming the file when one is not valid YAML or not shaped like a ``.dvc``
+    file; otherwise skip such a file (a dataset description must never stop a stage).
+    """
+    root = Path(project_root)
+    found: list[tuple[Path, Mapping[str, Any]]] = []
+    for dvc_file in sorted(p for p in root.glob("*.dvc") if p.is_file()):  # not the .dvc/ directory
+        try:
+            doc = yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}
+            if not isinstance(doc, Mapping):
+                raise ValueError(f"{dvc_file}: expected a mapping at top level, got {type(doc).__name__}")
+            entries = doc.get("outs") or []
+            if not isinstance(entries, list) or not all(isinstance(x, Mapping) for x in entries):
+                raise ValueError(f"{dvc_file}: outs must be a list of mappings, got {entries!r:.200}")
+        except (OSError, yaml.YAMLError, ValueError) as e:
+            if strict:
+                raise ValueError(str(e) if isinstance(e, ValueError) else f"{dvc_file}: not valid YAML: {e}") from e
+            continue
+        found.extend((dvc_file, entry) for entry in entries)
+    return found
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -411,17 +431,12 @@ def dvc_datasets(project_root: str | Path, stage: str) -> list[dict[str, str]]:
         return []
     out: list[dict[str, str]] = []
     if stage == "train":
-        for dvc_file in sorted(p for p in root.glob("*.dvc") if p.is_file()):
-            try:
-                doc = yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}
-            except (OSError, yaml.YAMLError):
-                continue
-            for entry in doc.get("outs") or [] if isinstance(doc, Mapping) else []:
-                h = _out_hash(entry) if isinstance(entry, Mapping) else None
-                if h and entry.get("path"):
-                    out.append({"name": str(entry["path"]), "digest": h.removesuffix(".dir"),
-                                "source": f"{dvc_file.name}: {entry['path']} (DVC {h})", "context": "source",
-                                "profile": json.dumps({"files": entry.get("nfiles"), "bytes": entry.get("size")})})
+        for dvc_file, entry in dvc_file_outs(root, strict=False):
+            h = _out_hash(entry)
+            if h and entry.get("path"):
+                out.append({"name": str(entry["path"]), "digest": h.removesuffix(".dir"),
+                            "source": f"{dvc_file.name}: {entry['path']} (DVC {h})", "context": "source",
+                            "profile": json.dumps({"files": entry.get("nfiles"), "bytes": entry.get("size")})})
     try:
         data = (yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}).get("data") or {}
     except (OSError, yaml.YAMLError, AttributeError):
