@@ -142,7 +142,15 @@ def queue(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 
 def run_queue(jobs: int, poll_s: float = 20.0) -> None:
-    sh(DVC, "queue", "start", "-j", str(jobs))
+    # The workers are daemons that inherit the starter's stdout/stderr: a captured pipe would stay
+    # open until the queue is empty, so the starter writes to a log file instead.
+    log_path = ROOT / ".dvc" / "tmp" / "variants-queue-start.log"
+    with log_path.open("ab") as logf:
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        started = subprocess.run([DVC, "queue", "start", "-j", str(jobs)], cwd=ROOT, stdout=logf, stderr=logf,
+                                 stdin=subprocess.DEVNULL, env=env, timeout=600)
+    if started.returncode:
+        raise RuntimeError(f"dvc queue start failed ({started.returncode}); see {log_path}")
     while True:
         status = sh(DVC, "queue", "status", check=False)
         busy = [line for line in status.splitlines() if re.search(r"\b(Queued|Running)\b", line)]
