@@ -1,0 +1,60 @@
+"""The seed-variance / variants study's planning (benchmarks/variants.py): which runs, equal parameters, flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import variants  # noqa: E402
+
+from aiayn.config import load_params  # noqa: E402
+from aiayn.model import Transformer  # noqa: E402
+
+
+def args(**kw) -> argparse.Namespace:
+    base = dict(seeds=[1, 2, 3], data_seeds=[1, 2], variants=["rope", "gqa"], variant_seeds=[1, 2], tag="t")
+    return argparse.Namespace(**(base | kw))
+
+
+def test_plan_shares_the_paper_run_between_studies_and_names_every_run_once():
+    runs = variants.plan(args())
+    names = [r["name"] for r in runs]
+    assert len(names) == len(set(names)) == 8  # paper s1..s3 and d2 (s1-d1 counted once), rope x2, gqa x2
+    first = next(r for r in runs if r["name"] == "t-paper-s1-d1")
+    assert first["studies"] == ["seed", "data_seed"]
+    assert {(r["variant"], r["seed"], r["data_seed"]) for r in runs if "variant" in r["studies"]} == {
+        ("rope", 1, 1), ("rope", 2, 1), ("gqa", 1, 1), ("gqa", 2, 1)}
+    with_paper = variants.plan(args(variants=["paper"], seeds=[1], data_seeds=[1]))
+    assert len(with_paper) == 2 and with_paper[0]["studies"] == ["seed", "data_seed", "variant"]
+
+
+@pytest.mark.parametrize("variant", sorted(variants.VARIANTS))
+def test_every_variant_gets_the_paper_models_parameter_count_within_1_percent(variant):
+    root = Path(variants.ROOT)
+    base = load_params(root / "params.yaml").model
+    vocab = 8000
+    ref = Transformer(base.model_copy(update={"vocab_size": vocab}), device="meta").num_parameters()
+    over = variants.model_overrides(variant, {})
+    fields = {k.split(".", 1)[1]: v for k, v in over.items()}
+    cfg = type(base).model_validate(base.model_copy(update={"vocab_size": vocab, **fields}).model_dump())
+    n = Transformer(cfg, device="meta").num_parameters()
+    assert abs(n - ref) / ref <= 0.01, (variant, over, n, ref)
+    if variant in ("gqa", "mqa", "decoder_only"):  # they lose attention weights: d_ff compensates
+        assert over["model.d_ff"] > base.d_ff
+
+
+def test_set_flags_append_keys_params_yaml_lacks():
+    raw = {"train": {"seed": 1}, "model": {"preset": "tiny"}}
+    assert variants._set_flag(raw, "train.seed", 2) == "train.seed=2"
+    assert variants._set_flag(raw, "train.num_threads", 1) == "+train.num_threads=1"
+    assert variants._set_flag(raw, "model.positions", "rope") == "+model.positions=rope"
+
+
+def test_stats_are_sample_statistics():
+    st = variants.stats([30.0, 31.0, 32.0])
+    assert st == {"n": 3, "mean": 31.0, "std": 1.0, "min": 30.0, "max": 32.0, "range": 2.0}
+    assert variants.stats([5.0])["std"] == 0.0
