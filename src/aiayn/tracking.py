@@ -69,7 +69,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -1154,6 +1154,30 @@ def end_pipeline_run(
 DRIFT_EXPERIMENT = "aiayn-drift"
 
 
+def _standalone_run(project_root: str | Path, tracking_uri: str | None,
+                    record: Callable[[Any, Path, str], str]) -> str | None:
+    """Open the project's tracking store and call ``record(client, root, uri) -> run_id`` for a run
+    outside any pipeline (a drift check, a study). Never fails the caller: tracking off
+    (``AIAYN_TRACKING=0``) returns None; an unreachable server or any failing MLflow call logs one
+    warning ("MLflow tracking disabled: ...") and returns None."""
+    if not tracking_enabled(True):
+        return None
+    root = Path(project_root).resolve()
+    uri = resolve_tracking_uri(root, tracking_uri)
+    why = _open_http(uri)
+    if why:
+        log.warning("MLflow tracking disabled: %s", why)
+        return None
+    try:
+        from mlflow import MlflowClient
+
+        _open_sqlite(uri)
+        return record(MlflowClient(tracking_uri=uri), root, uri)
+    except Exception as e:  # noqa: BLE001 - tracking never fails a check or a study
+        log.warning("MLflow tracking disabled: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
+
+
 def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report_dir: str | Path | None, *,
                     experiment: str = DRIFT_EXPERIMENT, tracking_uri: str | None = None) -> str | None:
     """Record one drift check (``monitoring.drift.run_check``) as an MLflow run; return its id.
@@ -1166,20 +1190,9 @@ def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report
     call logs one warning ("MLflow tracking disabled: ...") and returns None. ``AIAYN_TRACKING=0``
     turns it off.
     """
-    if not tracking_enabled(True):
-        return None
-    root = Path(project_root).resolve()
-    uri = resolve_tracking_uri(root, tracking_uri)
-    why = _open_http(uri)
-    if why:
-        log.warning("MLflow tracking disabled: %s", why)
-        return None
-    try:
-        from mlflow import MlflowClient
+    def record(client: Any, root: Path, uri: str) -> str:
         from mlflow.entities import Metric, RunTag
 
-        _open_sqlite(uri)
-        client = MlflowClient(tracking_uri=uri)
         window = summary.get("window", {})
         tags = _git_tags(root) | {
             "aiayn.kind": "drift-check", "drift.verdict": str(summary.get("verdict")),
@@ -1205,9 +1218,8 @@ def log_drift_check(project_root: str | Path, summary: Mapping[str, Any], report
             client.log_artifacts(run.info.run_id, str(report_dir), "drift")
         client.set_terminated(run.info.run_id, status="FINISHED")
         return run.info.run_id
-    except Exception as e:  # noqa: BLE001 - tracking never fails a check
-        log.warning("MLflow tracking disabled: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return None
+
+    return _standalone_run(project_root, tracking_uri, record)
 
 
 def stage_metrics_by_experiment(project_root: str | Path, exp_names: list[str], stage: str, *,
@@ -1250,20 +1262,9 @@ def log_study(project_root: str | Path, name: str, metrics: Mapping[str, float],
     (means, standard deviations, ranges) and the files under ``artifacts`` (table, JSON, plot)
     as artifacts ``study/``. Returns the run id, or None when tracking is off or fails (one warning).
     """
-    if not tracking_enabled(True):
-        return None
-    root = Path(project_root).resolve()
-    uri = resolve_tracking_uri(root, tracking_uri)
-    why = _open_http(uri)
-    if why:
-        log.warning("MLflow tracking disabled: %s", why)
-        return None
-    try:
-        from mlflow import MlflowClient
+    def record(client: Any, root: Path, uri: str) -> str:
         from mlflow.entities import Metric, Param
 
-        _open_sqlite(uri)
-        client = MlflowClient(tracking_uri=uri)
         run = client.create_run(_experiment_id(client, uri, experiment), run_name=name,
                                 tags=_git_tags(root) | {"aiayn.kind": "study"})
         now = int(time.time() * 1000)
@@ -1277,6 +1278,5 @@ def log_study(project_root: str | Path, name: str, metrics: Mapping[str, float],
             client.log_artifacts(run.info.run_id, str(artifacts), "study")
         client.set_terminated(run.info.run_id, status="FINISHED")
         return run.info.run_id
-    except Exception as e:  # noqa: BLE001
-        log.warning("MLflow tracking disabled: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return None
+
+    return _standalone_run(project_root, tracking_uri, record)
