@@ -22,6 +22,17 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MIRROR = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny ops, restored after it (a test elsewhere may set
+    more): OpenMP spinning across processes on a shared 2-core box costs 100x.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def multi30k_mirror() -> Path:
     """The local Multi30k mirror (``AIAYN_DATA_MIRROR`` or ``../shared/data/multi30k``)."""

@@ -26,13 +26,7 @@ from model_wrappers import LogitBias
 VOCAB = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops on a shared 2-core box: OpenMP spinning across processes costs 100x; use 1 thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,7 @@ F32_ATOL = 1e-5
 POSITIONS = ["sinusoidal", "learned", "rope", "alibi"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops on a shared 2-core box: OpenMP spinning across processes costs 100x; use 1 thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg(**overrides) -> ModelConfig:

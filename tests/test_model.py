@@ -19,13 +19,7 @@ from aiayn.model.attention import attend_reference, attend_sdpa, attend_triton
 F32_ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops on a shared 2-core box: OpenMP spinning across processes costs 100x; use 1 thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_cfg(**overrides):
