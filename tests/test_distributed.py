@@ -240,3 +240,36 @@ def test_train_stage_with_two_ranks_interrupts_resumes_and_reports_to_mlflow(mul
     loss_steps = [m.step for m in client.get_metric_history(last.info.run_id, "loss")]
     end = cut.step + 10
     assert loss_steps == list(range(cut.step + 5 - cut.step % 5, end + 1, 5))  # forwarded live from rank 0
+
+
+def test_worker_takes_vocab_size_from_the_tokenizer_not_params_json(tmp_path, monkeypatch):
+    """A hand-written params.json (multi-node) without the tokenizer's size: the worker sizes the model from
+    ``artifacts/tokenized/spm.model``, as the one-process stage does (one process, no torchrun)."""
+    import tiny
+    from aiayn.stages import Layout
+    from aiayn.stages.train_worker import PARAMS_FILE, RESULT_FILE, run_rank
+    from aiayn.tokenizer import EncodedSplit, save_encoded
+
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    layout = Layout(tmp_path)
+    layout.tokenized.mkdir(parents=True)
+    tok = tiny.tokenizer(tmp_path)
+    (layout.tokenized / "spm.model").write_bytes(Path(tok.source).read_bytes())
+    for split, (n, seed) in {"train": (48, 1), "val": (8, 2)}.items():
+        en, de = tiny.corpus(n, seed)
+        save_encoded(layout.tokenized, split, EncodedSplit.from_lists(tok.encode(en), tok.encode(de)))
+    params = params_from_dict({
+        "data": {"train_split": "train", "valid_split": "val", "test_splits": ["val"]},
+        "model": {"preset": "tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1},
+        "train": {"max_steps": 2, "max_tokens": 256, "warmup_steps": 2, "checkpoint_every": 2, "validate_every": 2,
+                  "num_threads": 1},
+    })
+    assert params.model.vocab_size != tok.vocab_size  # the preset's size: what the worker must not trust
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / PARAMS_FILE).write_text(params.model_dump_json())
+    summary = run_rank(tmp_path, job)
+    assert summary["step"] == 2 and json.loads((job / RESULT_FILE).read_text())["step"] == 2
+    ckpt = load_checkpoint(list_checkpoints(layout.checkpoints)[-1])
+    assert ckpt.model["tgt_embed.weight"].shape == (tok.vocab_size, 32)

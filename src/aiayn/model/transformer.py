@@ -259,22 +259,12 @@ class DecoderLayer(nn.Module):
         return self.ffn_block(x, self.ffn)
 
 
-class DecoderOnlyLayer(nn.Module):
+class DecoderOnlyLayer(EncoderLayer):
     """Causal self-attention + FFN over the source-then-target stream (``arch='decoder_only'``):
-    an ``EncoderLayer``'s sublayers with the decoder's causal mask and KV cache, no cross-attention."""
+    an ``EncoderLayer`` (same sublayers and parameter names) run with the decoder's causal mask
+    and KV cache, no cross-attention."""
 
-    def __init__(self, cfg: ModelConfig, attend: AttendFn, rope: RotaryPositions | None = None) -> None:
-        super().__init__()
-        self.self_attn = MultiHeadAttention(
-            d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
-            attention_dropout=cfg.attention_dropout, attend=attend, rope=rope,
-        )  # fmt: skip
-        self.ffn = FeedForward(d_model=cfg.d_model, d_ff=cfg.d_ff, activation=cfg.activation)
-        block = dict(d_model=cfg.d_model, dropout=cfg.dropout, norm=cfg.norm, norm_type=cfg.norm_type)
-        self.attn_block = _Residual(**block)
-        self.ffn_block = _Residual(**block)
-
-    def forward(
+    def forward(  # type: ignore[override]  # the stream's positions and cache, not the encoder's
         self,
         x: torch.Tensor,
         key_padding_mask: torch.Tensor,

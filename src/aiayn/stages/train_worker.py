@@ -50,6 +50,8 @@ def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
     backend = init_process_group(world, torch.device("cuda", world.local_rank) if use_cuda else torch.device("cpu"))
     log.info("rank %d/%d (%s) started", world.rank, world.world_size, backend)
     tokenizer = Tokenizer.load(layout.tokenized / "spm.model")
+    # The tokenizer's size, as the one-process stage uses: a hand-written params.json (multi-node) need not carry it.
+    model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
     train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
     valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
     metrics_file = (job_dir / METRICS_FILE).open("a", encoding="utf-8") if world.is_main else None
@@ -60,7 +62,7 @@ def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
         metrics_file.flush()
 
     try:
-        result = train(params.model, cfg, train_split, valid_split, layout.checkpoints,
+        result = train(model_cfg, cfg, train_split, valid_split, layout.checkpoints,
                        data_id=data_id(layout, params.data.train_split),
                        on_metrics=on_metrics if world.is_main else None, world=world)
     finally:
