@@ -19,11 +19,16 @@
    of variance and per variant, whether a variant's difference from the paper model exceeds
    the seed variance, a strip plot, and the decode side of each variant's seed-1 model (decode
    tokens/s with beam 4 at batch 32 and 1, KV-cache bytes per generated token from the cache
-   object, BLEU on inputs joined from 4 test sentences: length extrapolation).
+   object; length extrapolation: BLEU on inputs joined from 2-4 consecutive test sentences, each
+   longer than the longest training source sentence, against the same sentences translated one by
+   one and joined).
    Everything goes to ``test-output/variants/<tag>/`` and one MLflow run (experiment
    ``aiayn-studies``, ``aiayn.tracking.log_study``).
 
-``--collect-only`` skips 1-2 (report on experiments already run under ``--tag``).
+``--collect-only`` skips 1-2 (report on experiments already run under ``--tag``). Rerunning with a
+``--tag`` that exists **extends** that study: only runs with no DVC experiment of their name yet are
+queued, and the report covers old and new runs together; the ``--budget`` must be the study's
+(refused otherwise: runs at different budgets are not comparable).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -116,6 +121,26 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         for s in args.variant_seeds:
             add(v, s, 1, "variant")
     return list(runs.values())
+
+
+def extend(existing: list[dict[str, Any]], planned: list[dict[str, Any]], experiments: set[str],
+           budget: dict[str, str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Merge a new plan into a study's saved plan: ``(all runs, runs to queue)``.
+
+    A run keeps its saved entry (its ``studies`` gain the new plan's); it is queued only when no DVC
+    experiment has its name (``experiments``). Raises ``ValueError`` when the saved runs' budget differs
+    from ``budget``.
+    """
+    for run in existing:
+        if run.get("budget", budget) != budget:
+            raise ValueError(f"study run {run['name']} was trained with --budget {run.get('budget')}, not {budget}: "
+                             "extend a study with its own budget, or start a new --tag")
+    merged = {r["name"]: {**r, "budget": budget} for r in existing}
+    for run in planned:
+        old = merged.setdefault(run["name"], {**run, "budget": budget})
+        old["studies"] = list(dict.fromkeys([*old["studies"], *run["studies"]]))
+    runs = list(merged.values())
+    return runs, [r for r in runs if r["name"] not in experiments]
 
 
 def _set_flag(raw: dict[str, Any], key: str, value: Any) -> str:
@@ -221,9 +246,31 @@ def materialize_model(rev: str, dst: Path) -> Path:
     return dst
 
 
+def join_longer_than(lines: list[str], n_tokens: Callable[[str], int], limit: int, *, min_join: int = 2,
+                     max_join: int = 4) -> list[tuple[int, int]]:
+    """Length-extrapolation inputs: ``(start, k)`` spans of ``k`` consecutive lines (``min_join <= k <=
+    max_join``) whose joined text is longer than ``limit`` tokens (``n_tokens(" ".join(...))``).
+
+    Walks the lines once: from each start, the fewest lines that exceed ``limit``; the next span starts
+    after them. A start that cannot exceed ``limit`` with ``max_join`` lines is skipped.
+    """
+    spans, i = [], 0
+    while i + min_join <= len(lines):
+        k = next((k for k in range(min_join, max_join + 1)
+                  if i + k <= len(lines) and n_tokens(" ".join(lines[i:i + k])) > limit), None)
+        if k is None:
+            i += 1
+        else:
+            spans.append((i, k))
+            i += k
+    return spans
+
+
 def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
-    """Decode tokens/s (beam 4; batches of 32 and of 1 sentence), KV-cache bytes per token per layer and
-    BLEU on inputs joined from 4 consecutive test sentences (length extrapolation), 1 thread."""
+    """Decode tokens/s (beam 4; batches of 32 and of 1 sentence), KV-cache bytes per token per layer, and
+    length extrapolation, 1 thread: BLEU on inputs joined from 2-4 consecutive test sentences, every one
+    longer (source tokens, EOS included) than the longest training source sentence, vs. BLEU of the
+    same sentences translated one by one and joined (same references, so the difference is the length's)."""
     import torch
 
     from aiayn.model.kv_cache import cache_bytes_per_token
@@ -247,10 +294,21 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
                 n += sum(len(h) + 1 for h in tr.translate_ids(ids[i:i + batch], opts))  # + EOS
             speeds.append(n / (time.perf_counter() - t))
         out[f"decode_tokens_per_s_{label}"] = statistics.median(speeds)
-    joined_src = [" ".join(src[i:i + 4]) for i in range(0, len(src) - 3, 4)]
-    joined_ref = [" ".join(ref[i:i + 4]) for i in range(0, len(ref) - 3, 4)]
-    out["joined4_bleu"] = score(tr.translate(joined_src, opts, long="error"), joined_ref)["bleu"]
-    out["joined4_src_tokens_mean"] = statistics.mean(len(x) for x in tr.encode(joined_src, opts))
+    train_src = (prepared / "train.en").read_text(encoding="utf-8").splitlines()
+    limit = max(len(x) for x in tr.encode(train_src, opts))
+    spans = join_longer_than(src, lambda text: len(tr.encode([text], opts)[0]), limit)
+    joined_src = [" ".join(src[i:i + k]) for i, k in spans]
+    joined_ref = [" ".join(ref[i:i + k]) for i, k in spans]
+    lengths = [len(x) for x in tr.encode(joined_src, opts)]
+    pieces = tr.translate([line for i, k in spans for line in src[i:i + k]], opts)
+    separate, at = [], 0
+    for _, k in spans:
+        separate.append(" ".join(pieces[at:at + k]))
+        at += k
+    out |= {"long_inputs": float(len(spans)), "long_train_max_src_tokens": float(limit),
+            "long_src_tokens_min": float(min(lengths)), "long_src_tokens_mean": statistics.mean(lengths),
+            "long_bleu": score(tr.translate(joined_src, opts, long="error"), joined_ref)["bleu"],
+            "long_bleu_separate": score(separate, joined_ref)["bleu"]}
     return out
 
 
@@ -286,14 +344,18 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
 
     base = load_params(ROOT / "params.yaml").model
     vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
+    in_variant_study = [r for r in runs if "variant" in r["studies"]]
+    variant_seeds = sorted({r["seed"] for r in in_variant_study})
+    study_variants = list(dict.fromkeys(r["variant"] for r in in_variant_study if r["variant"] != "paper"))
     paper_vals = [bleu[r["name"]] for r in done if r["variant"] == "paper" and r["data_seed"] == 1
-                  and r["seed"] in args.variant_seeds]
+                  and r["seed"] in variant_seeds]
     paper_mean = statistics.mean(paper_vals) if paper_vals else float("nan")
     lines += ["| variant | overrides | params | BLEU mean ± std (seeds) | Δ vs paper | beyond seed noise? | "
-              "train tok/s | decode tok/s b32 / b1 | KV bytes/token (fp32, all layers) | BLEU joined x4 |",
+              "train tok/s | decode tok/s b32 / b1 | KV bytes/token (fp32, all layers) | "
+              "long inputs: BLEU joined / separately |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-    for variant in ["paper", *args.variants]:
-        rs = [r for r in done if r["variant"] == variant and r["data_seed"] == 1 and r["seed"] in args.variant_seeds]
+    for variant in ["paper", *study_variants]:
+        rs = [r for r in done if r["variant"] == variant and r["data_seed"] == 1 and r["seed"] in variant_seeds]
         if not rs:
             continue
         over = rs[0].get("overrides") or model_overrides(variant, {})
@@ -316,7 +378,14 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
             f"| {variant} | {over_txt} | {params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} ({seeds_txt}) | "
             f"{delta:+.2f} | {verdict} | {tps_txt} | {dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / "
             f"{dec.get('decode_tokens_per_s_b1', float('nan')):.0f} | {kv_all:.0f} | "
-            f"{dec.get('joined4_bleu', float('nan')):.2f} |")
+            f"{dec.get('long_bleu', float('nan')):.2f} / {dec.get('long_bleu_separate', float('nan')):.2f} |")
+    longest = next((r["decode"] for r in done if r.get("decode", {}).get("long_inputs")), None)
+    if longest:
+        lines += ["", f"Long inputs: {longest['long_inputs']:.0f} inputs of 2-4 consecutive {PRIMARY} sentences, "
+                      f"{longest['long_src_tokens_min']:.0f}-{longest['long_src_tokens_mean']:.1f} (min-mean) source "
+                      f"tokens, every one longer than the longest training source sentence "
+                      f"({longest['long_train_max_src_tokens']:.0f} tokens, EOS included); 'separately' = the "
+                      f"same sentences translated one by one and joined, against the same references."]
     table = "\n".join(lines)
     (out_dir / "report.md").write_text(table + "\n", encoding="utf-8")
     (out_dir / "runs.json").write_text(json.dumps(runs, indent=1, default=str), encoding="utf-8")
@@ -329,7 +398,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
         groups = [("seed", [bleu[r["name"]] for r in done if "seed" in r["studies"]]),
                   ("data_seed", [bleu[r["name"]] for r in done if "data_seed" in r["studies"]])]
         groups += [(v, [bleu[r["name"]] for r in done if r["variant"] == v and "variant" in r["studies"]])
-                   for v in args.variants]
+                   for v in study_variants]
         groups = [(g, v) for g, v in groups if v]
         fig, ax = plt.subplots(figsize=(1.2 * len(groups) + 2, 4))
         for i, (g, vals) in enumerate(groups):
@@ -372,7 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect_only:
         runs = json.loads(plan_file.read_text())
     else:
-        queue(runs, args)
+        existing = json.loads(plan_file.read_text()) if plan_file.is_file() else []
+        experiments = set(sh(DVC, "exp", "list", "--all-commits", "--name-only").split())
+        try:
+            runs, todo = extend(existing, runs, experiments, args.budget)
+        except ValueError as e:
+            ap.error(str(e))
+        print(f"study {args.tag}: {len(runs)} runs, {len(todo)} to queue", file=sys.stderr, flush=True)
+        queue(todo, args)
         plan_file.write_text(json.dumps(runs, indent=1), encoding="utf-8")
         t = time.perf_counter()
         run_queue(args.jobs)
@@ -392,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_id = log_study(ROOT, f"variants-{args.tag}", metrics, {"tag": args.tag, "jobs": args.jobs, **args.budget,
                                                               "seeds": args.seeds, "data_seeds": args.data_seeds,
-                                                              "variants": args.variants,
+                                                              "variants": sorted({r["variant"] for r in runs}),
                                                               "variant_seeds": args.variant_seeds}, out_dir)
     print((out_dir / "report.md").read_text())
     print(f"files: {out_dir}; MLflow run: {run_id}")

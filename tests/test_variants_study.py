@@ -58,3 +58,29 @@ def test_stats_are_sample_statistics():
     st = variants.stats([30.0, 31.0, 32.0])
     assert st == {"n": 3, "mean": 31.0, "std": 1.0, "min": 30.0, "max": 32.0, "range": 2.0}
     assert variants.stats([5.0])["std"] == 0.0
+
+
+def test_long_inputs_join_the_fewest_lines_that_exceed_the_limit():
+    lines = ["a b", "c d e", "f", "g h i j k l", "m", "n"]
+    words = lambda text: len(text.split())  # noqa: E731
+    spans = variants.join_longer_than(lines, words, limit=4)
+    assert spans == [(0, 2), (2, 2)]  # "m n" (2 words) cannot exceed 4: dropped
+    assert all(words(" ".join(lines[i:i + k])) > 4 and 2 <= k <= 4 for i, k in spans)
+    # a start that cannot reach the limit within max_join lines is skipped, the walk goes on
+    assert variants.join_longer_than(["a", "b", "c", "d e f g h"], words, limit=5, max_join=2) == [(2, 2)]
+    assert variants.join_longer_than(["a"] * 3, words, limit=10) == []
+
+
+def test_extending_a_study_queues_only_runs_without_an_experiment_and_refuses_another_budget():
+    budget = {"train.max_steps": "300"}
+    old = variants.plan(args(variants=["rope"], data_seeds=[1, 2]))
+    for r in old:
+        r["budget"] = budget
+    new = variants.plan(args(variants=["rope", "mqa"], data_seeds=[1, 2, 3]))
+    done = {r["name"] for r in old} - {"t-rope-s2-d1"}  # one old run never became an experiment
+    runs, todo = variants.extend(old, new, done, budget)
+    assert sorted(r["name"] for r in todo) == ["t-mqa-s1-d1", "t-mqa-s2-d1", "t-paper-s1-d3", "t-rope-s2-d1"]
+    assert len(runs) == len({r["name"] for r in runs}) == len(old) + 3
+    assert all(r["budget"] == budget for r in runs)
+    with pytest.raises(ValueError, match="budget"):
+        variants.extend(old, new, done, {"train.max_steps": "600"})
