@@ -56,7 +56,9 @@ DVC = str(BIN / "dvc")
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "paper": {},
-    "learned": {"model.positions": "learned"},
+    # A learned table costs max_positions x d_model per embedding: 256 positions cover training (<= 52
+    # tokens) and the long inputs (source and output); the default 1024 would take 17 % of the FFN.
+    "learned": {"model.positions": "learned", "model.max_positions": 256},
     "rope": {"model.positions": "rope"},
     "alibi": {"model.positions": "alibi"},
     "gqa": {"model.n_kv_heads": 2},
