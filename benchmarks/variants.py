@@ -9,7 +9,7 @@
    - data-order study: ``train.data_seed`` in ``--data-seeds`` with ``seed`` 1;
    - each variant of ``--variants`` with ``train.seed`` in ``--variant-seeds``.
    Every run gets the same ``--budget`` overrides (steps, warmup, checkpoints) and
-   ``train.num_threads = 1`` (``--jobs`` runs share the cores). A variant whose parameter count
+   ``train.num_threads = cores // --jobs`` (the runs share the cores; a ``--budget`` value wins). A variant whose parameter count
    differs from the paper model's by more than 1 % gets the ``d_ff`` that brings it closest
    (GQA and decoder-only lose attention weights; SwiGLU already keeps them equal).
 2. **Run** them: ``dvc queue start -j JOBS``, wait until the queue is empty.
@@ -155,14 +155,19 @@ def _set_flag(raw: dict[str, Any], key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+def threads_per_job(jobs: int) -> int:
+    """Intra-op threads of each of ``jobs`` concurrent runs: the cores shared out, at least 1."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
 def queue(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     cache: dict[str, dict[str, Any]] = {}
     for run in runs:
         over = cache.setdefault(run["variant"], model_overrides(run["variant"], {}))
         run["overrides"] = over
-        sets = {**args.budget, "train.seed": run["seed"], "train.data_seed": run["data_seed"],
-                "train.num_threads": 1, **over}
+        sets = {"train.num_threads": threads_per_job(args.jobs), **args.budget, "train.seed": run["seed"],
+                "train.data_seed": run["data_seed"], **over}
         flags = [x for k, v in sets.items() for x in ("-S", _set_flag(raw, k, v))]
         sh(DVC, "exp", "run", "--queue", "evaluate", "-n", run["name"], *flags)
         print(f"queued {run['name']}: {sets}", file=sys.stderr, flush=True)
@@ -317,13 +322,22 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------- report
 
 
+def noise_verdict(delta: float, seed_std: float | None) -> str:
+    """"yes" when ``|delta|`` (BLEU) exceeds 2 x the seed standard deviation, "no" when not, "n/a" when
+    either is unknown (no paper run, or no seed study in this report)."""
+    if seed_std is None or delta != delta:  # NaN: no paper run to compare with
+        return "n/a"
+    return "yes" if abs(delta) > 2 * seed_std else "no"
+
+
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
     done = [r for r in runs if r.get("eval")]
     bleu = {r["name"]: r["eval"][PRIMARY]["bleu"] for r in done}
     lines = [f"### Seed variance and variants ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
              f"{platform.machine()}, {os.cpu_count()} CPUs, tag `{args.tag}`)", "",
              f"`python benchmarks/variants.py {' '.join(args.argv)}`", "",
-             f"Budget (every run): {', '.join(f'{k}={v}' for k, v in args.budget.items())}; train.num_threads=1, "
+             f"Budget (every run): {', '.join(f'{k}={v}' for k, v in args.budget.items())}; train.num_threads="
+             f"{args.budget.get('train.num_threads', threads_per_job(args.jobs))}, "
              f"{args.jobs} runs at a time. BLEU = sacreBLEU on {PRIMARY} (beam 4, the evaluate stage). "
              f"{len(done)} of {len(runs)} runs finished.", ""]
     metrics: dict[str, float] = {}
@@ -369,7 +383,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
         delta = st["mean"] - paper_mean
         tps = [r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")]
         dec = rs[0].get("decode") or {}
-        verdict = "—" if variant == "paper" else ("yes" if abs(delta) > 2 * noise else "no")
+        verdict = "—" if variant == "paper" else noise_verdict(delta, noise if study_std else None)
         metrics |= {f"{variant}.bleu_mean": st["mean"], f"{variant}.bleu_std": st["std"], f"{variant}.params": params,
                     **{f"{variant}.{k}": v for k, v in dec.items()}}
         over_txt = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in over.items()) or "—"

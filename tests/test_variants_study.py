@@ -84,3 +84,16 @@ def test_extending_a_study_queues_only_runs_without_an_experiment_and_refuses_an
     assert all(r["budget"] == budget for r in runs)
     with pytest.raises(ValueError, match="budget"):
         variants.extend(old, new, done, {"train.max_steps": "600"})
+
+
+def test_noise_verdict_needs_a_paper_run_and_a_seed_study():
+    assert variants.noise_verdict(1.5, 0.69) == "yes"
+    assert variants.noise_verdict(-1.2, 0.69) == "no"
+    assert variants.noise_verdict(float("nan"), 0.69) == "n/a"
+    assert variants.noise_verdict(3.0, None) == "n/a"
+
+
+def test_concurrent_runs_share_the_cores():
+    cores = variants.os.cpu_count() or 1
+    assert variants.threads_per_job(1) == cores
+    assert variants.threads_per_job(2 * cores) == 1
