@@ -48,10 +48,10 @@ system-deps:
 	fi
 
 ## The main job: the Prefect `pipeline` flow = fetch the corpus (download, or copy from
-## $$AIAYN_DATA_MIRROR) -> `dvc repro` (DVC decides what is stale) -> `dvc push` -> report.
+## $$AIAYN_DATA_MIRROR) -> `dvc repro` (DVC decides what is stale) -> `dvc push` -> report (printed last:
+## BLEU/chrF per test set, sacreBLEU signatures, MLflow run, data version; every metric: `dvc metrics show`).
 run: install
 	python -m pipelines.pipeline
-	dvc metrics show
 
 ## Every CPU tier: unit, slow (whole smoke pipelines) and services (a real Prefect server). CI runs this.
 test: install system-deps

@@ -431,18 +431,26 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    ap.add_argument("--seeds", type=ints, default=[1, 2, 3])
-    ap.add_argument("--data-seeds", type=ints, default=[1, 2, 3])
+    ap.add_argument("--seeds", type=ints, default=[1, 2, 3],
+                    help="seed study: train.seed values with data_seed 1 (comma list; '' for none; default 1,2,3)")
+    ap.add_argument("--data-seeds", type=ints, default=[1, 2, 3],
+                    help="data-order study: train.data_seed values with seed 1 ('' for none; default 1,2,3)")
     ap.add_argument("--variants", type=lambda s: [x for x in s.split(",") if x],
-                    default=["rope", "alibi", "gqa", "swiglu", "rmsnorm", "decoder_only"])
-    ap.add_argument("--variant-seeds", type=ints, default=[1, 2])
+                    default=["rope", "alibi", "gqa", "swiglu", "rmsnorm", "decoder_only"],
+                    help=f"variants to train (comma list of: {', '.join(VARIANTS)}; "
+                         "default rope,alibi,gqa,swiglu,rmsnorm,decoder_only)")
+    ap.add_argument("--variant-seeds", type=ints, default=[1, 2], help="train.seed values per variant (default 1,2)")
     ap.add_argument("--budget", action="append", default=[], metavar="KEY=VALUE",
-                    help="a params override for every run (repeatable), e.g. train.max_steps=400")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--tag", default=f"var{datetime.now():%m%d%H%M}")
-    ap.add_argument("--collect-only", action="store_true")
+                    help="a params override for every run (repeatable), e.g. train.max_steps=400; "
+                         "none: the main job's budget (about 26 min per run on 2 cores)")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="experiments at a time (dvc queue start -j); each gets cores/jobs threads (default 2)")
+    ap.add_argument("--tag", default=f"var{datetime.now():%m%d%H%M}",
+                    help="study name (experiment names, test-output/variants/TAG); an existing tag is extended: "
+                         "only runs without an experiment are queued, with the same --budget")
+    ap.add_argument("--collect-only", action="store_true", help="no training: report on the tag's finished runs")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode-side measurements")
     args = ap.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
