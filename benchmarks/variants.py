@@ -21,7 +21,9 @@
    tokens/s with beam 4 at batch 32 and 1, KV-cache bytes per generated token from the cache
    object; length extrapolation: BLEU on inputs joined from 2-4 consecutive test sentences, each
    longer than the longest training source sentence, against the same sentences translated one by
-   one and joined).
+   one and joined), and the training tokens/s of every variant like for like (fresh models, the same
+   batches, alternating rounds; the runs' own tokens/s depend on what else shared the machine).
+   These side measurements are cached per model revision in ``side.json`` (``--remeasure`` redoes them).
    Everything goes to ``test-output/variants/<tag>/`` and one MLflow run (experiment
    ``aiayn-studies``, ``aiayn.tracking.log_study``).
 
@@ -49,6 +51,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
+from aiayn.io import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -319,6 +323,52 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
     return out
 
 
+def train_side(variants: list[str], steps: int = 10, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Training tokens/s of each variant's model, like for like: fresh models (the study's overrides,
+    seed 0, SDPA), the same ``steps`` Multi30k training batches (``train.max_tokens``, data_seed 1),
+    1 thread, ``rounds`` alternating rounds (the order rotates each round); per variant the median
+    target tokens/s, its min-max, and the median of per-round ratios to the paper model."""
+    import torch
+
+    from aiayn.batching import collate, make_batches
+    from aiayn.config import load_params
+    from aiayn.model import Transformer
+    from aiayn.tokenizer import load_encoded
+    from train_throughput import run_steps
+
+    torch.set_num_threads(1)
+    params = load_params(ROOT / "params.yaml")
+    vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
+    split = load_encoded(ROOT / "artifacts" / "tokenized", params.data.train_split, vocab_size=vocab)
+    order = make_batches(split.src_lengths, split.tgt_lengths, params.train.max_tokens, data_seed=1, epoch=1)
+    batches = [collate(split, idx) for idx in order[:steps]]
+    warm = [collate(split, idx) for idx in order[steps:steps + 2]]
+    names = ["paper", *[v for v in variants if v != "paper"]]
+    models: dict[str, Any] = {}
+    opts: dict[str, Any] = {}
+    for v in names:
+        fields = {k.split(".", 1)[1]: x for k, x in model_overrides(v, {}).items()}
+        cfg = type(params.model).model_validate(params.model.model_copy(
+            update={"vocab_size": vocab, "attention_backend": "sdpa", **fields}).model_dump())
+        torch.manual_seed(0)
+        models[v] = Transformer(cfg)
+        opts[v] = torch.optim.Adam(models[v].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        run_steps(models[v], warm, opts[v])
+    rates: dict[str, list[float]] = {v: [] for v in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for v in names[k:] + names[:k]:
+            seconds, tokens = run_steps(models[v], batches, opts[v])
+            rates[v].append(tokens / seconds)
+    out = {}
+    for v in names:
+        ratios = [a / b for a, b in zip(rates[v], rates["paper"])]
+        out[v] = {"train_tokens_per_s": statistics.median(rates[v]), "train_tokens_per_s_min": min(rates[v]),
+                  "train_tokens_per_s_max": max(rates[v]), "train_ratio_vs_paper": statistics.median(ratios),
+                  "train_ratio_min": min(ratios), "train_ratio_max": max(ratios)}
+    return out
+
+
 # ----------------------------------------------------------------------------------------- report
 
 
@@ -367,9 +417,10 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
                   and r["seed"] in variant_seeds]
     paper_mean = statistics.mean(paper_vals) if paper_vals else float("nan")
     lines += ["| variant | overrides | params | BLEU mean ± std (seeds) | Δ vs paper | beyond seed noise? | "
-              "train tok/s | decode tok/s b32 / b1 | KV bytes/token (fp32, all layers) | "
+              "train tok/s in the run | train tok/s like for like (x paper) | decode tok/s b32 / b1 | "
+              "KV bytes/token (fp32, all layers) | "
               "long inputs: BLEU joined / separately |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for variant in ["paper", *study_variants]:
         rs = [r for r in done if r["variant"] == variant and r["data_seed"] == 1 and r["seed"] in variant_seeds]
         if not rs:
@@ -390,9 +441,13 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
         seeds_txt = ",".join(str(r["seed"]) for r in rs)
         kv_all = dec.get("kv_bytes_per_token_fp32", float("nan")) * cfg.n_layers * (2 if cfg.arch == "decoder_only" else 1)
         tps_txt = f"{statistics.median(tps):.0f}" if tps else "n/a"
+        ts = rs[0].get("train_side") or {}
+        metrics |= {f"{variant}.{k}": v for k, v in ts.items()}
+        ts_txt = (f"{ts['train_tokens_per_s']:.0f} ({ts['train_ratio_vs_paper']:.2f}, "
+                  f"{ts['train_ratio_min']:.2f}-{ts['train_ratio_max']:.2f})" if ts else "n/a")
         lines.append(
             f"| {variant} | {over_txt} | {params / 1e6:.2f}M | {st['mean']:.2f} ± {st['std']:.2f} ({seeds_txt}) | "
-            f"{delta:+.2f} | {verdict} | {tps_txt} | {dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / "
+            f"{delta:+.2f} | {verdict} | {tps_txt} | {ts_txt} | {dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / "
             f"{dec.get('decode_tokens_per_s_b1', float('nan')):.0f} | {kv_all:.0f} | "
             f"{dec.get('long_bleu', float('nan')):.2f} / {dec.get('long_bleu_separate', float('nan')):.2f} |")
     longest = next((r["decode"] for r in done if r.get("decode", {}).get("long_inputs")), None)
@@ -452,6 +507,10 @@ def main(argv: list[str] | None = None) -> int:
                          "only runs without an experiment are queued, with the same --budget")
     ap.add_argument("--collect-only", action="store_true", help="no training: report on the tag's finished runs")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode-side measurements")
+    ap.add_argument("--no-train-side", action="store_true",
+                    help="skip the like-for-like training tokens/s (fresh models, alternating rounds)")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="redo the decode/train side measurements cached in test-output/variants/TAG/side.json")
     args = ap.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     unknown = [v for v in args.variants if v not in VARIANTS]
@@ -478,15 +537,31 @@ def main(argv: list[str] | None = None) -> int:
         run_queue(args.jobs)
         print(f"queue finished in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     collect(runs)
+    side_file = out_dir / "side.json"  # the decode / train side measurements, per variant and model revision
+    side = json.loads(side_file.read_text()) if side_file.is_file() and not args.remeasure else {}
+    firsts = {}
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        first = next((r for r in sorted(runs, key=lambda r: (r["seed"], r["data_seed"]))
+                      if r["variant"] == variant and r.get("rev") and r.get("eval")), None)
+        if first is not None:
+            firsts[variant] = first
     if not args.no_decode:
-        for variant in {r["variant"] for r in runs}:
-            first = next((r for r in sorted(runs, key=lambda r: (r["seed"], r["data_seed"]))
-                          if r["variant"] == variant and r.get("rev") and r.get("eval")), None)
-            if first is None:
-                continue
-            with tempfile.TemporaryDirectory() as tmp:
-                first["decode"] = decode_side(materialize_model(first["rev"], Path(tmp) / "model"))
+        for variant, first in firsts.items():
+            cached = side.get("decode", {}).get(variant)
+            if cached is None or cached.get("rev") != first["rev"]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    cached = {"rev": first["rev"],
+                              **decode_side(materialize_model(first["rev"], Path(tmp) / "model"))}
+                side.setdefault("decode", {})[variant] = cached
+                atomic_write_json(side_file, side)
+            first["decode"] = {k: v for k, v in cached.items() if k != "rev"}
             print(f"decode side {variant}: {first['decode']}", file=sys.stderr, flush=True)
+    if not args.no_train_side:
+        if not set(firsts) <= set(side.get("train", {})):
+            side["train"] = train_side(list(firsts))
+            atomic_write_json(side_file, side)
+        for variant, first in firsts.items():
+            first["train_side"] = side["train"][variant]
     metrics = report(runs, args, out_dir)
     from aiayn.tracking import log_study
 
