@@ -36,6 +36,7 @@ queued, and the report covers old and new runs together; the ``--budget`` must b
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -88,25 +89,36 @@ def sh(*cmd: str, check: bool = True, timeout: float = 600) -> str:
 # ----------------------------------------------------------------------------------------- planning
 
 
-def model_overrides(variant: str, budget_params: dict[str, Any]) -> dict[str, Any]:
-    """The variant's ``model.*`` overrides, plus the ``d_ff`` that keeps its parameters within 1 % of the paper model's."""
+@functools.lru_cache(maxsize=1)
+def _base_model() -> tuple[Any, int]:
+    """The project's resolved ``model`` config and the tokenizer's vocabulary size (params.yaml)."""
     from aiayn.config import load_params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return load_params(ROOT / "params.yaml").model, raw["tokenize"]["vocab_size"]
+
+
+def variant_config(overrides: dict[str, Any], **fields: Any):
+    """The ``ModelConfig`` of a variant: params.yaml's model with the vocabulary size, the ``model.*``
+    ``overrides`` and any further ``fields``, validated."""
+    base, vocab = _base_model()
+    update = {"vocab_size": vocab, **{k.split(".", 1)[1]: v for k, v in overrides.items()}, **fields}
+    return type(base).model_validate(base.model_copy(update=update).model_dump())
+
+
+def model_overrides(variant: str) -> dict[str, Any]:
+    """The variant's ``model.*`` overrides, plus the ``d_ff`` that keeps its parameters within 1 % of the paper model's."""
     from aiayn.model import Transformer
 
-    base = load_params(ROOT / "params.yaml").model
-    vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
     over = dict(VARIANTS[variant])
-    fields = {k.split(".", 1)[1]: v for k, v in over.items()}
-    ref = Transformer(base.model_copy(update={"vocab_size": vocab}), device="meta").num_parameters()
+    ref = Transformer(variant_config({}), device="meta").num_parameters()
 
     def count(d_ff: int) -> int:
-        cfg = base.model_copy(update={"vocab_size": vocab, **fields, "d_ff": d_ff})
-        return Transformer(type(base).model_validate(cfg.model_dump()), device="meta").num_parameters()
+        return Transformer(variant_config(over, d_ff=d_ff), device="meta").num_parameters()
 
-    n = count(base.d_ff)
-    if abs(n - ref) / ref > 0.01:
-        best = min(range(8, 8 * base.d_ff, 8), key=lambda d: abs(count(d) - ref))
-        over["model.d_ff"] = best
+    d_ff = _base_model()[0].d_ff
+    if abs(count(d_ff) - ref) / ref > 0.01:
+        over["model.d_ff"] = min(range(8, 8 * d_ff, 8), key=lambda d: abs(count(d) - ref))
     return over
 
 
@@ -168,7 +180,7 @@ def queue(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     cache: dict[str, dict[str, Any]] = {}
     for run in runs:
-        over = cache.setdefault(run["variant"], model_overrides(run["variant"], {}))
+        over = cache.setdefault(run["variant"], model_overrides(run["variant"]))
         run["overrides"] = over
         sets = {"train.num_threads": threads_per_job(args.jobs), **args.budget, "train.seed": run["seed"],
                 "train.data_seed": run["data_seed"], **over}
@@ -338,8 +350,7 @@ def train_side(variants: list[str], steps: int = 10, rounds: int = 3) -> dict[st
 
     torch.set_num_threads(1)
     params = load_params(ROOT / "params.yaml")
-    vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
-    split = load_encoded(ROOT / "artifacts" / "tokenized", params.data.train_split, vocab_size=vocab)
+    split = load_encoded(ROOT / "artifacts" / "tokenized", params.data.train_split, vocab_size=_base_model()[1])
     order = make_batches(split.src_lengths, split.tgt_lengths, params.train.max_tokens, data_seed=1, epoch=1)
     batches = [collate(split, idx) for idx in order[:steps]]
     warm = [collate(split, idx) for idx in order[steps:steps + 2]]
@@ -347,11 +358,8 @@ def train_side(variants: list[str], steps: int = 10, rounds: int = 3) -> dict[st
     models: dict[str, Any] = {}
     opts: dict[str, Any] = {}
     for v in names:
-        fields = {k.split(".", 1)[1]: x for k, x in model_overrides(v, {}).items()}
-        cfg = type(params.model).model_validate(params.model.model_copy(
-            update={"vocab_size": vocab, "attention_backend": "sdpa", **fields}).model_dump())
         torch.manual_seed(0)
-        models[v] = Transformer(cfg)
+        models[v] = Transformer(variant_config(model_overrides(v), attention_backend="sdpa"))
         opts[v] = torch.optim.Adam(models[v].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         run_steps(models[v], warm, opts[v])
     rates: dict[str, list[float]] = {v: [] for v in names}
@@ -405,11 +413,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
     lines += ["", f"A variant's difference from the paper model counts as real when it exceeds 2 x the larger "
                   f"seed standard deviation above ({2 * noise:.2f} BLEU) — and with 2 seeds per variant even that "
                   f"is a coarse test.", ""]
-    from aiayn.config import load_params
     from aiayn.model import Transformer
 
-    base = load_params(ROOT / "params.yaml").model
-    vocab = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]["vocab_size"]
     in_variant_study = [r for r in runs if "variant" in r["studies"]]
     variant_seeds = sorted({r["seed"] for r in in_variant_study})
     study_variants = list(dict.fromkeys(r["variant"] for r in in_variant_study if r["variant"] != "paper"))
@@ -425,9 +430,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
         rs = [r for r in done if r["variant"] == variant and r["data_seed"] == 1 and r["seed"] in variant_seeds]
         if not rs:
             continue
-        over = rs[0].get("overrides") or model_overrides(variant, {})
-        fields = {k.split(".", 1)[1]: v for k, v in over.items()}
-        cfg = type(base).model_validate(base.model_copy(update={"vocab_size": vocab, **fields}).model_dump())
+        over = rs[0].get("overrides") or model_overrides(variant)
+        cfg = variant_config(over)
         params = Transformer(cfg, device="meta").num_parameters()
         vals = [bleu[r["name"]] for r in rs]
         st = stats(vals)

@@ -38,7 +38,7 @@ def test_every_variant_gets_the_paper_models_parameter_count_within_1_percent(va
     base = load_params(root / "params.yaml").model
     vocab = 8000
     ref = Transformer(base.model_copy(update={"vocab_size": vocab}), device="meta").num_parameters()
-    over = variants.model_overrides(variant, {})
+    over = variants.model_overrides(variant)
     fields = {k.split(".", 1)[1]: v for k, v in over.items()}
     cfg = type(base).model_validate(base.model_copy(update={"vocab_size": vocab, **fields}).model_dump())
     n = Transformer(cfg, device="meta").num_parameters()
