@@ -11,6 +11,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export PYTHONUNBUFFERED := 1
 PYTEST_ARGS ?=
+## Test processes (pytest-xdist): the tests are one-threaded, so one per core of the 2-core hosts.
+TEST_WORKERS ?= 2
 ## PyTorch's CPU wheels (requirements.lock pins torch==X+cpu). PyPI's plain torch is the CUDA build,
 ## which --no-deps would leave without its CUDA libraries ("libcudnn.so.9: cannot open shared object").
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -54,8 +56,10 @@ run: install
 	python -m pipelines.pipeline
 
 ## Every CPU tier: unit, slow (whole smoke pipelines) and services (a real Prefect server). CI runs this.
+## Two processes (tests/conftest.py groups them: a module per process, the services tier together);
+## the summary ends with each tier's time and the host's 2-thread matmul GFLOP/s.
 test: install system-deps
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 ## The quick unit tier (pytest's default markers): for the edit-test loop.
 test-fast: install

@@ -46,7 +46,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -265,11 +265,12 @@ def _parse_descriptor_snapshot(snapshot: Any, names: list[str], cfg: MonitorConf
     return {n: out[n] for n in names}
 
 
-def _embedding_report(cur_emb: np.ndarray, ref: Reference, cfg: MonitorConfig):
+def _embedding_test(cur_emb: np.ndarray, ref: Reference, cfg: MonitorConfig) -> tuple[dict[str, Any], Any]:
+    """The embedding drift decision: ``(summary entry, render)``. ``render()`` builds Evidently's
+    ``EmbeddingsDrift`` report on the same samples and checks that it scores them as the method did
+    (Evidently's report computes a t-SNE of both samples for its plot, seconds per window, so it is
+    built only when a report is written: ``run_check``)."""
     import pandas as pd
-
-    ev = _evidently()
-    from evidently.metrics import EmbeddingsDrift
 
     method = _embedding_method(cfg)
     cols = [f"e{i}" for i in range(cur_emb.shape[1])]
@@ -277,34 +278,48 @@ def _embedding_report(cur_emb: np.ndarray, ref: Reference, cfg: MonitorConfig):
     cur_rows = _sample(len(cur_emb), cfg.embedding_sample, cfg.reference_seed + 1)
     cur_df = pd.DataFrame(cur_emb[cur_rows], columns=cols)
     ref_df = pd.DataFrame(ref.embeddings[ref_rows], columns=cols)
-    # Evidently's report gives the score only; the method itself gives the decision (bootstrap or threshold)
+    # the method itself gives the decision (bootstrap or threshold); Evidently's report gives the score only
     score, drifted, _ = method(cur_df.copy(), ref_df.copy())
-    definition = ev.DataDefinition(numerical_columns=cols, embeddings={"encoder": cols})
-    report = ev.Report([EmbeddingsDrift(embeddings_name="encoder", drift_method=method)])
-    snapshot = report.run(current_data=ev.Dataset.from_pandas(cur_df, data_definition=definition),
-                          reference_data=ev.Dataset.from_pandas(ref_df, data_definition=definition))
-    reported = float(snapshot.dict()["metrics"][0]["value"])
-    if not np.isclose(reported, float(score), rtol=1e-6, atol=1e-12):
-        raise DriftCheckError(f"Evidently's report scored the embeddings {reported}, its method {score}: cannot decide")
-    return snapshot, {"method": cfg.embedding_method, "statistic": float(score),
-                      "test": (f"bootstrap: drift when above its {cfg.embedding_quantile:g} quantile on reference "
-                               "resamples" if cfg.embedding_bootstrap else f"drift when above {method.threshold:g}"),
-                      "threshold": None if cfg.embedding_bootstrap else float(method.threshold),
-                      "drifted": bool(drifted), "dims": int(cur_emb.shape[1]),
-                      "reference_rows": int(len(ref_rows)), "current_rows": int(len(cur_rows))}
+
+    def render() -> Any:
+        ev = _evidently()
+        from evidently.metrics import EmbeddingsDrift
+
+        definition = ev.DataDefinition(numerical_columns=cols, embeddings={"encoder": cols})
+        report = ev.Report([EmbeddingsDrift(embeddings_name="encoder", drift_method=_embedding_method(cfg))])
+        snapshot = report.run(current_data=ev.Dataset.from_pandas(cur_df, data_definition=definition),
+                              reference_data=ev.Dataset.from_pandas(ref_df, data_definition=definition))
+        reported = float(snapshot.dict()["metrics"][0]["value"])
+        if not np.isclose(reported, float(score), rtol=1e-6, atol=1e-12):
+            raise DriftCheckError(f"Evidently's report scored the embeddings {reported}, its method {score}: "
+                                  "cannot decide")
+        return snapshot
+
+    return {"method": cfg.embedding_method, "statistic": float(score),
+            "test": (f"bootstrap: drift when above its {cfg.embedding_quantile:g} quantile on reference "
+                     "resamples" if cfg.embedding_bootstrap else f"drift when above {method.threshold:g}"),
+            "threshold": None if cfg.embedding_bootstrap else float(method.threshold),
+            "drifted": bool(drifted), "dims": int(cur_emb.shape[1]),
+            "reference_rows": int(len(ref_rows)), "current_rows": int(len(cur_rows))}, render
 
 
 @dataclass
 class CheckResult:
-    """``summary`` (JSON-ready; see ``check``) and the Evidently snapshots (None when no test ran)."""
+    """``summary`` (JSON-ready; see ``check``), the descriptor report's Evidently snapshot and the
+    embedding report's builder (both None when no test ran; ``embedding_snapshot()`` renders it)."""
 
     summary: dict[str, Any]
     descriptor_snapshot: Any = None
-    embedding_snapshot: Any = None
+    render_embeddings: Callable[[], Any] | None = None
 
     @property
     def exit_code(self) -> int:
         return exit_code(self.summary["verdict"])
+
+    def embedding_snapshot(self) -> Any:
+        """Evidently's ``EmbeddingsDrift`` snapshot of this check (None without one); raises
+        ``DriftCheckError`` when it scores the embeddings differently from the verdict's method."""
+        return self.render_embeddings() if self.render_embeddings is not None else None
 
 
 def exit_code(verdict: str) -> int:
@@ -354,16 +369,16 @@ def check(sentences: Sequence[str], ref: Reference, cfg: MonitorConfig, translat
         tests[k]["current_mean"] = round(float(cur[k].mean()), 6)
         tests[k]["reference_mean"] = round(float(ref.descriptors[k].mean()), 6)
     drifted_share = sum(t["drifted"] for t in tests.values()) / len(names)
-    emb_snapshot, emb = None, None
+    render_embeddings, emb = None, None
     if cfg.embedding_method is not None:
         cur_emb = ref.pca.transform(encoder_embeddings(translator, sentences))
-        emb_snapshot, emb = _embedding_report(cur_emb, ref, cfg)
+        emb, render_embeddings = _embedding_test(cur_emb, ref, cfg)
     drift = drifted_share >= cfg.drift_share or bool(emb and emb["drifted"])
     summary.update(verdict="drift" if drift else "no_drift", descriptors=tests,
                    drifted_share=round(drifted_share, 6), embeddings=emb,
                    drifted=[k for k, t in tests.items() if t["drifted"]] + (["embeddings"] if emb and emb["drifted"] else []))
     summary["seconds"] = round(time.perf_counter() - t0, 3)
-    return CheckResult(summary, desc_snapshot, emb_snapshot)
+    return CheckResult(summary, desc_snapshot, render_embeddings)
 
 
 # --------------------------------------------------------------------------- the command
@@ -431,8 +446,8 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
     with atomic_dir(target) as tmp:
         if result.descriptor_snapshot is not None:
             result.descriptor_snapshot.save_html(str(tmp / "report.html"))
-        if result.embedding_snapshot is not None:
-            result.embedding_snapshot.save_html(str(tmp / "embeddings.html"))
+        if (embedding_snapshot := result.embedding_snapshot()) is not None:
+            embedding_snapshot.save_html(str(tmp / "embeddings.html"))
         atomic_write_json(tmp / "summary.json", summary)
     moved = f"drifted: {', '.join(summary['drifted']) or 'none'}" if summary["descriptors"] else "no test ran"
     log.info("drift check: %s (%d sentences; %s); reports in %s", summary["verdict"],

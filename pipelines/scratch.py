@@ -10,7 +10,8 @@ project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
 ``dest/*.dvc``        the project's data versions (``data.dvc``), unchanged
 ``dest/src/``         a copy of the core's sources (the stages' DVC ``deps``; the code
                       that runs is still the installed ``aiayn``)
-``dest/.dvc/``        ``dvc init --no-scm``, default remote ``local`` = ``dest/.dvc-remote``;
+``dest/.dvc/``        ``dvc init --no-scm`` (``git=True``: ``git init`` + ``dvc init``, what
+                      ``dvc exp`` needs), default remote ``local`` = ``dest/.dvc-remote``;
                       the project's other remotes (``s3``) copied as they are
 
 ``data/`` is left empty: the ``fetch`` flow (or ``pipeline``) fills it.
@@ -58,7 +59,8 @@ def _shared_remotes(source: Path) -> dict[str, dict[str, str]]:
     return remotes
 
 
-def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path = PROJECT_ROOT) -> Path:
+def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path = PROJECT_ROOT,
+                    git: bool = False) -> Path:
     """Create the scratch project at ``dest`` (must not exist or be empty); return its absolute path.
 
     Raises ``FileExistsError`` if ``dest`` is a non-empty directory, ``FileNotFoundError``
@@ -82,7 +84,11 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
         shutil.copyfile(source / name, dest / name)
     for code in ("src", "monitoring"):  # dvc.yaml's code deps
         shutil.copytree(source / code, dest / code, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    with Repo.init(str(dest), no_scm=True) as repo:
+    if git:
+        import subprocess
+
+        subprocess.run(["git", "init", "-q", str(dest)], check=True, capture_output=True)
+    with Repo.init(str(dest), no_scm=not git) as repo:
         with repo.config.edit() as conf:
             conf["core"]["remote"] = "local"
             conf["core"]["analytics"] = False

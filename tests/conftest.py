@@ -1,6 +1,23 @@
-"""Test-wide environment: Triton interpreter, offline telemetry, corpus mirror."""
+"""Test-wide environment, shared fixtures and how the suite splits over two processes.
 
+- environment: the Triton interpreter on CPU, telemetry off, one PREFECT_HOME per process;
+- ``multi30k_mirror``, ``one_thread``, ``prefect_harness`` (one temporary Prefect API per process);
+- ``smoke_pipeline``: the smoke configuration's whole pipeline, built ONCE per run through the
+  ``pipeline`` flow and shared by every test that checks a finished pipeline
+  (``test_dvc_pipeline``, ``test_pipelines``);
+- ``pytest -n 2`` (pytest-xdist, ``make test``): ``pytest_collection_modifyitems`` puts each
+  module in one ``xdist_group`` (module-scoped fixtures are built once), the modules sharing
+  ``smoke_pipeline`` in one group, and the services tier (real PostgreSQL, MLflow and Prefect
+  servers, a browser) in one group that runs its modules one after the other; the heaviest
+  groups are queued first.
+"""
+
+import atexit
 import os
+import shutil
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -11,6 +28,9 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+if "PREFECT_HOME" not in os.environ:  # before Prefect is imported; removed when the process ends
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="aiayn-prefect-home-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
@@ -20,6 +40,30 @@ torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MIRROR = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
+BIN = Path(sys.executable).parent
+
+#: xdist groups: modules that share one session fixture run in one process, one after the other.
+SHARED_GROUPS = {"test_dvc_pipeline": "smoke-pipeline", "test_pipelines": "smoke-pipeline",
+                 "test_real_services": "services", "test_prefect_services": "services",
+                 "test_serving_services": "services"}
+#: Groups to queue first (longest first, seconds on a 2-core host): the two processes then end together.
+HEAVY_FIRST = ("smoke-pipeline", "services", "test_distributed", "test_train", "test_monitoring",
+               "test_translate", "test_serve", "test_variants_study", "test_tracking", "test_flash_attention")
+
+
+def pytest_collection_modifyitems(config, items):
+    """One ``xdist_group`` per module (``SHARED_GROUPS`` merges some); heaviest groups first."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, module)))
+    rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
+
+    def group(item) -> str:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        return SHARED_GROUPS.get(module, module)
+
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: file order kept within a group
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +88,89 @@ def multi30k_mirror() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> str:
+    """One temporary Prefect API (SQLite in this process's PREFECT_HOME) for every flow of the
+    process; yields its URL, so subprocesses (``dvc repro`` stages) report to it too."""
+    from prefect.settings import get_current_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(get_current_settings().api.url).rstrip("/")
+
+
+@pytest.fixture(scope="session")
+def smoke_pipeline(tmp_path_factory, prefect_harness, multi30k_mirror) -> dict:
+    """The smoke configuration's whole pipeline, run once: a scratch project (git + DVC, its own
+    MLflow store and DVC remote) on ``configs/smoke.yaml`` through the ``pipeline`` flow (fetch from
+    the mirror -> ``dvc repro`` of every stage -> ``dvc push`` -> report).
+
+    Returns ``{"root", "env", "state", "result", "seconds"}``; ``env`` is what ``dvc``/``aiayn``
+    subprocesses of the tests need (the venv first on PATH, the mirror, this process's Prefect API,
+    one thread per stage). Tests that change the project (forced reruns, an experiment, an edit)
+    leave it as reproducible and up to date as they found it.
+    """
+    from pipelines.pipeline import pipeline
+    from pipelines.scratch import scratch_project
+
+    root = scratch_project(tmp_path_factory.mktemp("smoke-pipeline") / "project", SMOKE, git=True)
+    env = os.environ | {
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "AIAYN_DATA_MIRROR": str(multi30k_mirror),
+        "PREFECT_API_URL": prefect_harness,
+        "DVC_NO_ANALYTICS": "1",
+        "DO_NOT_TRACK": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
+        env.pop(name, None)
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID")}
+    os.environ["OMP_NUM_THREADS"] = "1"  # the stage processes DVC starts: one core each
+    for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
+        os.environ.pop(name, None)
+    t0 = time.perf_counter()
+    try:
+        state = pipeline(root=str(root), mirror=str(multi30k_mirror), return_state=True)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.perf_counter() - t0
+    assert state.is_completed(), state.message
+    return {"root": root, "env": env, "state": state, "result": state.result(), "seconds": seconds}
+
+
+def _tier(report) -> str:
+    keywords = getattr(report, "keywords", {})
+    return "services" if "services" in keywords else "slow" if "slow" in keywords else "unit"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Per tier (unit, slow, services): tests, failures and the summed test time (setup + call +
+    teardown; with ``-n 2`` two tests run at once, so the sums exceed the wall time), and the
+    host line (``aiayn.host``), so a slow or failing run says where its time went."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, set] = {}
+    failed: dict[str, int] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if not hasattr(report, "when") or not hasattr(report, "duration"):
+                continue
+            tier = _tier(report)
+            seconds[tier] = seconds.get(tier, 0.0) + report.duration
+            tests.setdefault(tier, set()).add(report.nodeid)
+            failed[tier] = failed.get(tier, 0) + (report.failed and report.when == "call")
+    if not seconds:
+        return
+    from aiayn.host import host_info
+
+    terminalreporter.section("time per tier")
+    for tier in ("unit", "slow", "services"):
+        if tier in seconds:
+            terminalreporter.write_line(f"{tier:9s} {len(tests[tier]):4d} tests {failed.get(tier, 0):3d} failed "
+                                        f"{seconds[tier]:8.1f} s summed")
+    terminalreporter.write_line(host_info().line())

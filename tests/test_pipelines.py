@@ -10,34 +10,17 @@ markdown artifact) and a pipeline whose stage fails.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
-if "PREFECT_HOME" not in os.environ:  # before Prefect is imported; removed when the session ends
-    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="aiayn-prefect-home-")
-    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+import pytest
+import yaml
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-
-from aiayn.stages import STAGES  # noqa: E402
+from aiayn.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
-
-
-@pytest.fixture(scope="session")
-def prefect_harness():
-    """One temporary Prefect API (SQLite in a temp dir) for every flow of the session."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture(scope="session")
@@ -414,20 +397,17 @@ def test_drift_flow_fails_on_drift_and_completes_otherwise(tmp_path, prefect_har
 
 
 @pytest.mark.slow
-def test_pipeline_flow_reproduces_pushes_and_reports(tmp_path, prefect_harness, multi30k_mirror, monkeypatch):
+def test_pipeline_flow_reproduces_pushes_and_reports(smoke_pipeline, prefect_harness):
+    """The session's smoke pipeline (tests/conftest.py) ran every stage through the ``pipeline`` flow,
+    pushed, nested its MLflow runs and published its report; run again, it does nothing."""
     import json
 
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from pipelines.pipeline import REPORT_KEY, pipeline
-    from pipelines.scratch import scratch_project
 
-    root = scratch_project(tmp_path / "project", SMOKE)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the stage processes DVC starts: one core each
-    state = pipeline(root=str(root), mirror=str(multi30k_mirror), return_state=True)
-    assert state.is_completed(), state.message
-    result = state.result()
+    root, result = smoke_pipeline["root"], smoke_pipeline["result"]
     assert result["ran"] == list(STAGES)
     assert result["push"]["pushed"] > 0
     (data_out,) = yaml.safe_load((REPO / "data.dvc").read_text())["outs"]
@@ -454,7 +434,11 @@ def test_pipeline_flow_reproduces_pushes_and_reports(tmp_path, prefect_harness, 
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_KEY])))
     assert any(a.type == "markdown" and a.data == result["report"] for a in artifacts)
 
-    again = pipeline(root=str(root), push=False)  # nothing changed: DVC runs nothing
+    env = {k: smoke_pipeline["env"][k] for k in ("OMP_NUM_THREADS", "AIAYN_DATA_MIRROR")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        again = pipeline(root=str(root), push=False)  # nothing changed: DVC runs nothing
     assert again["ran"] == [] and again["push"] is None and again["data"] == {"data.dvc": "up to date"}
 
 

@@ -85,7 +85,9 @@ def label_smoothed_cross_entropy(
     Returns ``(loss_sum, nll_sum, n_tokens)``: the smoothed loss and the plain
     negative log-likelihood summed over non-pad tokens (nats), and their count.
     """
-    flat_logits = logits.reshape(-1, logits.size(-1)).float()  # (N, V)
+    # at least float32 (bf16/fp16 autocast logits are widened; float64 stays float64)
+    flat_logits = logits.reshape(-1, logits.size(-1))  # (N, V)
+    flat_logits = flat_logits.to(torch.promote_types(flat_logits.dtype, torch.float32))
     flat_target = target.reshape(-1)  # (N,)
     loss = F.cross_entropy(
         flat_logits, flat_target, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"

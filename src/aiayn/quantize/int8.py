@@ -1,0 +1,148 @@
+"""CTranslate2's int8 arithmetic in PyTorch, and which int8 arithmetic this host's CTranslate2 runs.
+
+CTranslate2 4.8 ``compute_type="int8"`` on CPU computes every linear layer (the fused QKV, output and
+FFN projections, and the output projection over the tied embedding) as
+
+    y = (x_q @ w_q^T) / (s_x * s_w) + b,   x_q = rint(x * s_x), s_x = 127 / max|x_row| (per token)
+                                           w_q = rint(w * s_w), s_w = 127 / max|w_row| (per output row)
+
+with the int8 products accumulated in int32, and looks embeddings up in the dequantized int8 rows.
+How the int32 sums are formed depends on the CPU and on the GEMM library CTranslate2 picks:
+
+- ``exact``: VNNI (``vpdpbusd``: u8 x s8 products summed straight into int32), or Intel MKL's
+  generic path. ``int8_logprobs(..., accumulation="exact")`` reproduces CTranslate2 to float32
+  rounding (measured: max |difference| < 1e-5 nats on the test models).
+- ``int16-saturating``: oneDNN on an x86 CPU without VNNI (AVX2 or AVX-512 without VNNI, e.g. AMD
+  Zen 2/3). oneDNN shifts activations to u8 (``x_q + 128``, compensated exactly afterwards) and
+  ``vpmaddubsw`` adds each PAIR of consecutive u8 x s8 products into a SATURATING int16
+  (255 * 127 * 2 = 64,770 > 32,767), so a pair of large same-sign weights under large activations
+  is clipped. ``accumulation="int16-saturating"`` reproduces that, also to float32 rounding.
+
+CTranslate2 uses MKL on Intel CPUs (and wherever ``CT2_USE_MKL=1``), oneDNN on other x86 CPUs;
+``ONEDNN_MAX_CPU_ISA`` caps oneDNN's instruction set (``AVX2`` makes any x86 CPU with AVX2 compute
+like an AVX2-only host: how the tests reach the saturating path on a VNNI host).
+``int8_accumulation()`` names this host's case; ``unknown`` where it has not been measured
+(Intel CPUs without VNNI: MKL's AVX2 kernel).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.config import BOS_ID, EOS_ID
+from aiayn.host import host_info
+from aiayn.model import Transformer
+from aiayn.quantize.fake_quant import fake_quantize_int8
+
+__all__ = ["ACCUMULATIONS", "int8_accumulation", "int8_linear", "with_int8_arithmetic", "int8_logprobs"]
+
+ACCUMULATIONS = ("exact", "int16-saturating")
+_VNNI = ("avx512_vnni", "avx_vnni")
+#: ``ONEDNN_MAX_CPU_ISA`` values that leave oneDNN its VNNI kernels (oneDNN's ISA names, upper case).
+_ONEDNN_VNNI_ISAS = ("AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16",
+                     "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512", "AVX10_1_512_AMX",
+                     "AVX10_1_512_AMX_FP16", "DEFAULT", "ALL")
+
+
+def int8_accumulation() -> dict[str, str]:
+    """How this host's CTranslate2 sums int8 products: ``{"backend": "mkl" | "onednn" | "other",
+    "accumulation": "exact" | "int16-saturating" | "unknown", "why": one line}`` (see the module doc)."""
+    info = host_info(probe=False)
+    vnni = any(f in info.isa for f in _VNNI)
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return {"backend": "other", "accumulation": "unknown", "why": f"{os.uname().machine}: not measured"}
+    use_mkl = os.environ.get("CT2_USE_MKL")
+    mkl = info.vendor == "GenuineIntel" if use_mkl is None else use_mkl.strip().lower() in ("1", "true", "yes", "on")
+    if mkl:
+        if vnni:
+            return {"backend": "mkl", "accumulation": "exact", "why": "MKL with VNNI"}
+        if info.vendor != "GenuineIntel":
+            return {"backend": "mkl", "accumulation": "exact", "why": "MKL's generic path on a non-Intel CPU"}
+        return {"backend": "mkl", "accumulation": "unknown", "why": "MKL on an Intel CPU without VNNI: not measured"}
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if vnni and (not cap or cap in _ONEDNN_VNNI_ISAS):
+        return {"backend": "onednn", "accumulation": "exact", "why": "oneDNN with VNNI"}
+    why = f"oneDNN capped at {cap}" if vnni else "oneDNN without VNNI (vpmaddubsw)"
+    return {"backend": "onednn", "accumulation": "int16-saturating", "why": why}
+
+
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of ``x`` ``(..., K)`` in float64: ``(x_q, scale)``, ``scale`` ``(..., 1)``
+    (an all-zero row gets scale 1)."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax == 0, torch.ones_like(amax), 127.0 / amax)
+    return torch.round(x * scale).clamp(-127, 127), scale
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                accumulation: str = "exact") -> torch.Tensor:
+    """CTranslate2's int8 ``x @ weight.T + bias`` (module doc): ``x`` ``(..., K)``, ``weight`` ``(N, K)``
+    -> ``(..., N)`` float32. Integer sums are exact in float64 (|sum| <= 255 * 127 * K < 2**53).
+    Raises ``ValueError`` for an unknown ``accumulation``."""
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"accumulation must be one of {ACCUMULATIONS}, got {accumulation!r}")
+    w_q, s_w = _quantize_rows(weight.detach().double())  # (N, K), (N, 1)
+    x_q, s_x = _quantize_rows(x.double())  # (..., K), (..., 1)
+    if accumulation == "exact":
+        acc = x_q @ w_q.T  # (..., N)
+    else:
+        lead, k = x_q.shape[:-1], x_q.shape[-1]
+        u = x_q.reshape(-1, k) + 128  # (M, K) u8
+        pairs = u[:, None, :] * w_q[None, :, :]  # (M, N, K)
+        if k % 2:
+            pairs = torch.cat([pairs, pairs.new_zeros(*pairs.shape[:2], 1)], dim=-1)
+        pairs = pairs.reshape(*pairs.shape[:2], -1, 2).sum(-1).clamp(-32768, 32767)  # (M, N, ceil(K/2)) int16
+        acc = (pairs.sum(-1) - 128 * w_q.sum(-1)).reshape(*lead, -1)  # the u8 shift compensated exactly
+    y = (acc / (s_x * s_w.T)).float()
+    return y + bias if bias is not None else y
+
+
+class _Int8Linear(nn.Module):
+    def __init__(self, linear: nn.Linear, accumulation: str) -> None:
+        super().__init__()
+        self.linear, self.accumulation = linear, accumulation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.linear.weight, self.linear.bias, accumulation=self.accumulation)
+
+
+def with_int8_arithmetic(model: Transformer, accumulation: str) -> Transformer:
+    """A deep copy of ``model`` (eval mode) whose linear layers compute ``int8_linear`` and whose
+    embeddings hold their int8 round trip. The output projection over the tied embedding is NOT
+    replaced (the model calls ``F.linear`` on it): ``int8_logprobs`` applies it."""
+    copy_ = copy.deepcopy(model).eval()
+    for module in list(copy_.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, _Int8Linear(child, accumulation))
+    with torch.no_grad():
+        for emb in {id(e): e for e in (copy_.src_embed, copy_.tgt_embed)}.values():
+            emb.weight.copy_(fake_quantize_int8(emb.weight))
+    return copy_
+
+
+@torch.inference_mode()
+def int8_logprobs(model: Transformer, sources: list[np.ndarray], targets: list[list[int]], *,
+                  accumulation: str = "exact") -> list[np.ndarray]:
+    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``eager_logprobs``'s
+    contract: ``(len + 1,)`` float64 per sentence, the final EOS included)."""
+    q = with_int8_arithmetic(model, accumulation)
+    hidden: list[torch.Tensor] = []
+    hook = q.decoder_norm.register_forward_hook(lambda _m, _i, out: hidden.append(out))
+    proj = model.tgt_embed.weight  # the tied output projection, quantized per row like every linear
+    out = []
+    try:
+        for src, tgt in zip(sources, targets):
+            hidden.clear()
+            q(torch.as_tensor(np.asarray(src, dtype=np.int64))[None], torch.tensor([[BOS_ID, *tgt]]))
+            logits = int8_linear(hidden[-1], proj, accumulation=accumulation)  # (1, T + 1, V)
+            lp = torch.log_softmax(logits[0].double(), dim=-1)
+            out.append(lp[torch.arange(len(tgt) + 1), torch.tensor([*tgt, EOS_ID])].numpy())
+    finally:
+        hook.remove()
+    return out
