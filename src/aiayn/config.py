@@ -28,7 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 __all__ = [
     "ConfigError",
+    "CORPUS_KINDS",
+    "CorpusConfig",
     "DataConfig",
+    "registered_model_name",
     "TokenizerConfig",
     "ModelConfig",
     "TrainConfig",
@@ -61,11 +64,86 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DataConfig(_Strict):
-    """Corpus selection, validation and train-side filtering (``prepare`` stage)."""
+#: Corpus source kinds (``aiayn.data.sources``): the built-in Multi30k, local files in three layouts,
+#: a Hugging Face ``datasets`` dataset.
+CORPUS_KINDS = ("multi30k", "moses", "tsv", "jsonl", "hf")
 
-    src_lang: str = Field("en", description="Source language code (file suffix).")
-    tgt_lang: str = Field("de", description="Target language code (file suffix).")
+#: Where ``aiayn fetch`` puts Multi30k (the ``multi30k`` source's default ``path``).
+MULTI30K_DIR = "data/multi30k"
+#: The default ``path`` of a hub source (``hf`` with ``name``): a hub dataset has no local files, so
+#: the ``corpus`` stage watches the module that downloads it (its params pin name, config, revision).
+HUB_WATCH = "src/aiayn/data/hub.py"
+
+
+class CorpusConfig(_Strict):
+    """Where the parallel text comes from (``corpus`` stage, ``aiayn.data.sources``).
+
+    ``kind``:
+
+    ``multi30k``  the built-in, checksummed Multi30k task 1 (en, de, fr, cs) in ``path``
+                  (``aiayn fetch`` puts it in ``data/multi30k``)
+    ``moses``     one sentence per line, one file per language: ``{path}/{split}.{lang}[.gz]``, or
+                  ``splits: {split: prefix}`` for ``{prefix}.{lang}[.gz]``
+    ``tsv``       ``{path}/{split}.tsv[.gz]`` (or ``splits: {split: file}``); two columns (source,
+                  target) or, with ``columns`` / ``header``, named columns picked by language code
+    ``jsonl``     ``{path}/{split}.jsonl[.gz]`` (or ``splits: {split: file}``), one
+                  ``{"translation": {"en": ..., "de": ...}}`` object per line (Hugging Face's shape)
+    ``hf``        ``datasets.load_dataset(name or path, config, revision=revision)``; ``splits`` maps
+                  our split names to the dataset's (``{val: validation, newstest2014: test}``)
+
+    ``path`` is relative to the project root (or absolute) and is what DVC watches: the ``corpus``
+    stage's ``deps`` hold ``${data.corpus.path}``, so an edit of a local corpus re-runs it.
+    ``sacrebleu``: test splits taken from sacreBLEU's test sets instead, ``{split: test set}``
+    (e.g. ``{newstest2014: wmt14}``; downloaded by sacreBLEU, so online or already cached).
+    """
+
+    kind: Literal["multi30k", "moses", "tsv", "jsonl", "hf"] = "multi30k"
+    path: str | None = Field(None, description="Local folder or file of the corpus (multi30k: data/multi30k; "
+                             "hf: a local dataset folder; a hub dataset keeps the default).")
+    name: str | None = Field(None, description="hf: the hub dataset (e.g. wmt/wmt14); None: load ``path``.")
+    config: str | None = Field(None, description="hf: the dataset configuration (e.g. de-en).")
+    revision: str | None = Field(None, description="hf: the hub revision (commit, tag or branch); the resolved "
+                                 "one is recorded in artifacts/corpus/SOURCE.json.")
+    splits: dict[str, str] = Field(default_factory=dict, description="Our split name -> the source's file, "
+                                   "prefix (moses) or split name (hf); unlisted splits use the default layout.")
+    columns: tuple[str, ...] | None = Field(None, description="tsv: names of the columns (languages picked by "
+                                            "name); None: the header row with header: true, else exactly two "
+                                            "columns, source then target.")
+    header: bool = Field(False, description="tsv: the first row of each file names the columns.")
+    sacrebleu: dict[str, str] = Field(default_factory=dict, description="Test split -> sacreBLEU test set "
+                                      "(e.g. newstest2014: wmt14), fetched through sacreBLEU.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_path(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("path") is None:
+            kind = raw.get("kind", "multi30k")
+            if kind == "multi30k":
+                raw = {**raw, "path": MULTI30K_DIR}
+            elif kind == "hf" and raw.get("name"):
+                raw = {**raw, "path": HUB_WATCH}
+        return raw
+
+    @model_validator(mode="after")
+    def _check(self) -> "CorpusConfig":
+        if self.path is None:
+            what = "name (a hub dataset) or path (a local dataset folder)" if self.kind == "hf" else "path"
+            raise ValueError(f"data.corpus kind {self.kind!r} needs {what}")
+        if self.kind != "hf" and (self.name or self.config or self.revision):
+            raise ValueError(f"data.corpus name/config/revision apply to kind hf only, not {self.kind!r}")
+        if self.kind != "tsv" and (self.columns is not None or self.header):
+            raise ValueError(f"data.corpus columns/header apply to kind tsv only, not {self.kind!r}")
+        if self.columns is not None and len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"data.corpus.columns repeat a name: {list(self.columns)}")
+        return self
+
+
+class DataConfig(_Strict):
+    """Corpus selection, validation and train-side hygiene (``corpus`` and ``prepare`` stages)."""
+
+    corpus: CorpusConfig = CorpusConfig()
+    src_lang: str = Field("en", description="Source language code (file suffix, column or JSON key).")
+    tgt_lang: str = Field("de", description="Target language code (file suffix, column or JSON key).")
     train_split: str = "train"
     valid_split: str = "val"
     test_splits: tuple[str, ...] = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
@@ -74,6 +152,40 @@ class DataConfig(_Strict):
     max_ratio: float = Field(3.0, ge=1.0, description="Train filter: drop pairs whose word-length ratio exceeds this.")
     max_train_pairs: int | None = Field(None, ge=1, description="Keep only the first N train pairs (smoke runs).")
     max_eval_pairs: int | None = Field(None, ge=1, description="Keep only the first N pairs of val/test splits (smoke runs).")
+    dedup: bool | None = Field(None, description="Train: drop exact duplicate pairs after the first. None: on for "
+                               "every corpus but multi30k, whose published train split (3 duplicate En-De pairs) "
+                               "is kept whole, as papers train on it.")
+    decontaminate: bool = Field(True, description="Train: drop pairs whose source sentence is also a source of a "
+                                                  "test split (test contamination).")
+    langid: bool = Field(False, description="Train: drop pairs whose source or target is not identified as src_lang / "
+                                            "tgt_lang by py3langid (its model ships in the package; off by default: "
+                                            "short captions are often misidentified).")
+
+    @property
+    def dedup_on(self) -> bool:
+        """Whether duplicate pairs are dropped (``dedup``, or its per-corpus default)."""
+        return self.dedup if self.dedup is not None else self.corpus.kind != "multi30k"
+
+    @property
+    def pair(self) -> str:
+        """``"{src_lang}-{tgt_lang}"``, e.g. ``"en-de"``."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Every split the pipeline reads: train, valid, then the test splits (repeats removed)."""
+        return tuple(dict.fromkeys((self.train_split, self.valid_split, *self.test_splits)))
+
+
+def registered_model_name(data: DataConfig, override: str | None = None) -> str:
+    """The MLflow registered model of a run: ``override`` if given (``AIAYN_REGISTERED_MODEL``), else
+    ``aiayn-{src_lang}-{tgt_lang}``. One registered model per language pair, so a champion alias (and the
+    BLEU comparison that moves it) never crosses pairs. Raises ``ConfigError`` for an empty override."""
+    if override is not None:
+        if not override.strip():
+            raise ConfigError("the registered model name override is empty")
+        return override
+    return f"aiayn-{data.src_lang}-{data.tgt_lang}"
 
 
 class TokenizerConfig(_Strict):
@@ -82,6 +194,9 @@ class TokenizerConfig(_Strict):
     model_type: Literal["bpe", "unigram"] = "bpe"
     vocab_size: int = Field(8000, ge=64, description="Shared source/target vocabulary size (pieces).")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0)
+    input_sentence_size: int = Field(0, ge=0, description="Sentences sentencepiece trains on, sampled from the train "
+                                     "text (seeded: same text, same model); 0 = every sentence (Multi30k). WMT: "
+                                     "10M sentences of the 9M+ in 4.5M pairs is all; 2M keeps memory bounded.")
 
 
 class ModelConfig(_Strict):
@@ -230,6 +345,9 @@ class EvalConfig(_Strict):
         "error", description="A test line longer than the model accepts: error (default: a benchmark never changes "
                              "silently), truncate, or split (aiayn.translate).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Decoding device; auto: CUDA when available, else CPU.")
+    bleu_tokenize: str = Field("auto", description="sacreBLEU tokenizer of BLEU: auto (by target language: 13a; zh; "
+                               "ja-mecab, ko-mecab where installed; flores200 for scripts without spaces) or a "
+                               "sacreBLEU name. Recorded in the signature. aiayn.scoring.bleu_tokenizer")
 
 
 QUANT_VARIANTS = (

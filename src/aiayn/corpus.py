@@ -29,7 +29,7 @@ import time
 import unicodedata
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aiayn.config import DataConfig
@@ -44,8 +44,11 @@ __all__ = [
     "FILTER_RULES",
     "fetch_corpus",
     "read_lines",
+    "iter_lines",
     "read_parallel",
     "filter_pairs",
+    "length_rule",
+    "BAD_CHAR",
 ]
 
 #: Upstream folder; ``{MULTI30K_UPSTREAM}/{name}`` is one file.
@@ -86,6 +89,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 #: U+007F-009F), tab excepted, and the line/paragraph separators U+2028/U+2029 (Zl, Zp),
 #: which ``str.splitlines`` would split on.
 _BAD_CHAR = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+#: The same pattern, public: ``aiayn.data.hygiene`` drops train pairs that hold one.
+BAD_CHAR = _BAD_CHAR
 
 
 class CorpusError(ValueError):
@@ -234,6 +239,49 @@ def read_lines(path: Path) -> list[str]:
     return lines
 
 
+def iter_lines(path: Path) -> Iterator[str]:
+    """``read_lines`` one line at a time (same validation and messages; a file of whitespace only
+    fails at its first line), for files too large to hold: the prepared text at WMT scale."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError as e:
+        raise CorpusError(f"{path}: file not found") from e
+    with f:
+        stream = gzip.GzipFile(fileobj=f) if f.peek(2)[:2] == _GZIP_MAGIC else f
+        lineno = 0
+        try:
+            for lineno, chunk in enumerate(stream, 1):
+                if lineno == 1 and chunk.startswith(b"\xef\xbb\xbf"):
+                    chunk = chunk[3:]
+                yield _checked_line(path, lineno, chunk)
+        except (OSError, EOFError) as e:
+            raise CorpusError(f"{path}: cannot read (corrupt gzip?): {e}") from e
+    if lineno == 0:
+        raise CorpusError(f"{path}: file is empty")
+
+
+def _checked_line(path: Path, lineno: int, chunk: bytes) -> str:
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError as e:
+        chunk = chunk.rstrip(b"\n")
+        raise CorpusError(
+            f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line ({chunk[e.start:e.start + 4]!r})"
+        ) from e
+    text = text.rstrip()
+    if not text:
+        raise CorpusError(f"{path}:{lineno}: empty line")
+    bad = _BAD_CHAR.search(text)
+    if bad:
+        ch = bad.group()
+        raise CorpusError(
+            f"{path}:{lineno}: control character U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')}) "
+            f"at column {bad.start() + 1}"
+        )
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
 def read_parallel(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
     """Read an aligned file pair into ``[(src, tgt), ...]`` (see ``read_lines`` for validation).
 
@@ -269,14 +317,22 @@ def filter_pairs(
     kept: list[tuple[str, str]] = []
     dropped = dict.fromkeys(FILTER_RULES, 0)
     for src, tgt in pairs:
-        n_src, n_tgt = len(src.split()), len(tgt.split())
-        shorter, longer = min(n_src, n_tgt), max(n_src, n_tgt)
-        if shorter < cfg.min_words:
-            dropped["too_short"] += 1
-        elif longer > cfg.max_words:
-            dropped["too_long"] += 1
-        elif longer > cfg.max_ratio * shorter:
-            dropped["ratio"] += 1
-        else:
+        rule = length_rule(src, tgt, cfg)
+        if rule is None:
             kept.append((src, tgt))
+        else:
+            dropped[rule] += 1
     return kept, dropped
+
+
+def length_rule(src: str, tgt: str, cfg: DataConfig) -> str | None:
+    """The first ``FILTER_RULES`` rule the pair breaks (see ``filter_pairs``), or ``None``."""
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    shorter, longer = min(n_src, n_tgt), max(n_src, n_tgt)
+    if shorter < cfg.min_words:
+        return "too_short"
+    if longer > cfg.max_words:
+        return "too_long"
+    if longer > cfg.max_ratio * shorter:
+        return "ratio"
+    return None

@@ -6,9 +6,11 @@ embedding matrix of paper Section 3.4 needs that. Special ids are fixed for
 every model: ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3`` (``aiayn.config``).
 
 Training is deterministic: all sentences are used in file order (no sampling,
-no shuffling), a fixed thread count, and the model is trained in memory so no
-input path or output prefix is recorded in it; the same corpus and
-``TokenizerConfig`` give a byte-identical ``.model``. Text normalisation is
+no shuffling; or, with ``input_sentence_size``, a seeded sample), a fixed thread
+count, and the model is trained in memory so no input path or output prefix is
+recorded in it; the same corpus and ``TokenizerConfig`` give a byte-identical
+``.model``. Text is streamed from the files, and ``encode_files`` writes encoded
+splits chunk by chunk, so neither step holds a WMT-sized corpus in Python lists. Text normalisation is
 sentencepiece's default ``nmt_nfkc`` (NFKC plus whitespace clean-up, e.g. tab
 and no-break space become a space), so ``decode(encode(x))`` returns ``x`` in
 that normal form.
@@ -22,7 +24,9 @@ Errors: ``TokenizerError`` (a ``ValueError``) naming the file or bad value.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import itertools
+import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +34,7 @@ import numpy as np
 import sentencepiece as spm
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenizerConfig
-from aiayn.corpus import read_lines
+from aiayn.corpus import iter_lines
 from aiayn.io import atomic_path, atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -41,11 +45,16 @@ __all__ = [
     "save_encoded",
     "load_encoded",
     "encoded_files",
+    "encode_files",
 ]
 
 #: Trainer threads. Fixed, because sentencepiece records it in the model proto
 #: (a different value changes the ``.model`` bytes).
 _NUM_THREADS = 1
+#: Seed of sentencepiece's sentence sampler (``input_sentence_size`` > 0 only).
+SAMPLE_SEED = 1
+#: Sentences per ``encode`` call when encoding a file (``encode_files``).
+ENCODE_CHUNK = 20_000
 
 
 class TokenizerError(ValueError):
@@ -56,13 +65,14 @@ class TokenizerError(ValueError):
 
 
 def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerConfig) -> Path:
-    """Train a joint sentencepiece model on every line of ``text_files``.
+    """Train a joint sentencepiece model on the lines of ``text_files``.
 
-    ``text_files`` are read with ``aiayn.corpus.read_lines`` (UTF-8 or gzip,
-    validated, NFC) and concatenated in the order given. Writes
-    ``{model_prefix}.model`` (serialized ``ModelProto``) and
-    ``{model_prefix}.vocab`` (``piece<TAB>score`` per id, sentencepiece's
-    format) atomically, and returns the ``.model`` path.
+    ``text_files`` are streamed with ``aiayn.corpus.iter_lines`` (UTF-8 or gzip, validated, NFC) and
+    concatenated in the order given; with ``cfg.input_sentence_size`` N > 0, sentencepiece trains on N
+    of them drawn by its reservoir sampler, seeded (``SAMPLE_SEED``) so the same text gives the same
+    model; 0 trains on every line (no sampling, no shuffling). Writes ``{model_prefix}.model``
+    (serialized ``ModelProto``) and ``{model_prefix}.vocab`` (``piece<TAB>score`` per id,
+    sentencepiece's format) atomically, and returns the ``.model`` path.
 
     Settings: ``cfg.model_type``, ``cfg.vocab_size`` (pieces, specials
     included), ``cfg.character_coverage``; ids pad=0 ``<pad>``, unk=1 ``<unk>``,
@@ -71,16 +81,25 @@ def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerCo
     Raises ``TokenizerError`` when there is no text or sentencepiece refuses the
     settings (e.g. ``vocab_size`` larger than the corpus supports).
     """
-    sentences: list[str] = []
-    for path in text_files:
-        sentences.extend(read_lines(Path(path)))
-    if not sentences:
-        raise TokenizerError(f"no training text in {[str(p) for p in text_files]}")
+    counted = [0]
 
+    def sentences():
+        for path in text_files:
+            for line in iter_lines(Path(path)):
+                counted[0] += 1
+                yield line
+
+    stream = sentences()
+    first = next(stream, None)
+    if first is None:
+        raise TokenizerError(f"no training text in {[str(p) for p in text_files]}")
+    sampling = cfg.input_sentence_size > 0
+    if sampling:
+        spm.set_random_generator_seed(SAMPLE_SEED)
     proto = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=itertools.chain([first], stream),
             model_writer=proto,
             model_type=cfg.model_type,
             vocab_size=cfg.vocab_size,
@@ -90,15 +109,15 @@ def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerCo
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             pad_piece="<pad>",
-            input_sentence_size=0,  # 0 = use every sentence
-            shuffle_input_sentence=False,
+            input_sentence_size=cfg.input_sentence_size,  # 0 = use every sentence
+            shuffle_input_sentence=sampling,
             num_threads=_NUM_THREADS,
             minloglevel=2,  # warnings and errors only
         )
     except RuntimeError as e:
         raise TokenizerError(
             f"sentencepiece training failed ({cfg.model_type}, vocab_size={cfg.vocab_size}, "
-            f"{len(sentences)} sentences from {[str(p) for p in text_files]}): {e}"
+            f"{counted[0]} sentences from {[str(p) for p in text_files]}): {e}"
         ) from e
 
     model_bytes = proto.getvalue()
@@ -272,6 +291,56 @@ def save_encoded(directory: str | Path, split: str, enc: EncodedSplit) -> list[P
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, arr, allow_pickle=False)
     return paths
+
+
+def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: str | Path, split: str,
+                 *, chunk: int = ENCODE_CHUNK) -> "EncodedSplit":
+    """Encode two aligned text files into the four ``.npy`` files of ``split`` in ``directory``, streaming.
+
+    Lines are read ``chunk`` at a time (``aiayn.corpus.iter_lines``), encoded by sentencepiece's own
+    batched, multi-threaded ``encode`` and appended to the id file, so memory holds one chunk and the
+    ``(n + 1,)`` offsets, never the corpus. The files are byte for byte what
+    ``save_encoded(EncodedSplit.from_lists(tok.encode(src), tok.encode(tgt)))`` writes. Returns the split,
+    memory-mapped (``load_encoded``).
+
+    Raises ``TokenizerError`` when the files hold different numbers of lines; ``CorpusError`` for
+    malformed text.
+    """
+    directory = Path(directory)
+    counts = []
+    for side, path in (("src", src_path), ("tgt", tgt_path)):
+        ids_path, offsets_path = (directory / f"{split}.{side}.{kind}.npy" for kind in ("ids", "offsets"))
+        lengths: list[np.ndarray] = []
+        with atomic_path(ids_path) as tmp:
+            raw = tmp.with_name(tmp.name + ".raw")
+            try:
+                with open(raw, "wb") as out:
+                    for batch in _batched(iter_lines(Path(path)), chunk):
+                        ids = tok.encode(batch)
+                        n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                        out.write(np.fromiter(itertools.chain.from_iterable(ids), dtype=_DTYPES["ids"],
+                                              count=int(n.sum())).tobytes())
+                        lengths.append(n)
+                offsets = np.zeros(sum(map(len, lengths)) + 1, dtype=_DTYPES["offsets"])
+                if lengths:
+                    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+                with open(tmp, "wb") as f, open(raw, "rb") as data:
+                    np.lib.format.write_array_header_1_0(
+                        f, {"descr": _DTYPES["ids"].str, "fortran_order": False, "shape": (int(offsets[-1]),)})
+                    shutil.copyfileobj(data, f, 1 << 24)
+            finally:
+                raw.unlink(missing_ok=True)
+        with atomic_path(offsets_path) as tmp, open(tmp, "wb") as f:
+            np.save(f, offsets, allow_pickle=False)
+        counts.append((str(path), len(offsets) - 1))
+    if counts[0][1] != counts[1][1]:
+        raise TokenizerError(f"{counts[0][0]} has {counts[0][1]} lines but {counts[1][0]} has {counts[1][1]}")
+    return load_encoded(directory, split)
+
+
+def _batched(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    while batch := list(itertools.islice(lines, size)):
+        yield batch
 
 
 def load_encoded(

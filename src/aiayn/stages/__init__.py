@@ -17,7 +17,7 @@ from pathlib import Path
 __all__ = ["Layout", "STAGES", "stage_module"]
 
 #: Pipeline order (DVC DAG).
-STAGES = ("prepare", "tokenize", "train", "evaluate", "quantize", "export", "monitor_reference")
+STAGES = ("corpus", "prepare", "tokenize", "train", "evaluate", "quantize", "export", "monitor_reference")
 
 #: Stages whose module is not ``aiayn.stages.<name>``.
 _STAGE_MODULES = {"monitor_reference": "monitoring.reference"}
@@ -33,7 +33,8 @@ def stage_module(name: str) -> str:
 class Layout:
     """Where every stage reads and writes, relative to one project root.
 
-    ``raw``       fetched corpus (``*.gz`` + SHA256SUMS), tracked by ``data.dvc``
+    ``raw``       fetched Multi30k (``*.gz`` + SHA256SUMS), tracked by ``data.dvc``
+    ``corpus``    the raw text of the configured source and pair (``aiayn.data.sources`` snapshot)
     ``prepared``  validated, NFC-normalised, filtered plain text: ``{split}.{lang}``
     ``tokenized`` ``spm.model``/``spm.vocab`` + encoded splits (numpy)
     ``model``     checkpoints, ``model.safetensors`` (averaged), ``model.json``
@@ -48,6 +49,16 @@ class Layout:
     @property
     def raw(self) -> Path:
         return self.root / "data" / "multi30k"
+
+    @property
+    def corpus(self) -> Path:
+        """Snapshot of the configured corpus source: raw files, ``SHA256SUMS``, ``SOURCE.json``."""
+        return self.root / "artifacts" / "corpus"
+
+    @property
+    def prepare_report(self) -> Path:
+        """What ``prepare`` read, kept and dropped per rule (DVC ``metrics``, outside the ``prepared`` out)."""
+        return self.root / "artifacts" / "prepare_report.json"
 
     @property
     def prepared(self) -> Path:

@@ -1,7 +1,8 @@
 """``tokenize`` stage: prepared text -> joint sentencepiece model + encoded splits.
 
 Trains one sentencepiece model on the prepared train source and target text
-(``aiayn.tokenizer.train_tokenizer``), encodes every split with it and writes,
+(``aiayn.tokenizer.train_tokenizer``, streamed; sampled when ``tokenize.input_sentence_size`` is set),
+encodes every split with it chunk by chunk (``aiayn.tokenizer.encode_files``) and writes,
 as one atomic directory swap:
 
 ``layout.tokenized/spm.model``, ``spm.vocab``
@@ -17,10 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Params
-from aiayn.corpus import read_lines
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.stages import Layout
-from aiayn.tokenizer import EncodedSplit, Tokenizer, TokenizerError, save_encoded, train_tokenizer
+from aiayn.tokenizer import EncodedSplit, Tokenizer, TokenizerError, encode_files, train_tokenizer
 
 __all__ = ["run", "MODEL_NAME"]
 
@@ -35,7 +35,7 @@ def run(params: Params, layout: Layout) -> dict:
     to run ``aiayn prepare``) or training fails; ``CorpusError`` for malformed text.
     """
     data = params.data
-    splits = (data.train_split, data.valid_split, *data.test_splits)
+    splits = data.splits
     langs = (data.src_lang, data.tgt_lang)
     missing = [layout.prepared / f"{s}.{lang}" for s in splits for lang in langs
                if not (layout.prepared / f"{s}.{lang}").is_file()]
@@ -53,10 +53,8 @@ def run(params: Params, layout: Layout) -> dict:
             "splits": {},
         }
         for split in splits:
-            src, tgt = (tok.encode(read_lines(layout.prepared / f"{split}.{lang}")) for lang in langs)
-            enc = EncodedSplit.from_lists(src, tgt)
-            save_encoded(tmp, split, enc)
-            meta["splits"][split] = _stats(enc)
+            src, tgt = (layout.prepared / f"{split}.{lang}" for lang in langs)
+            meta["splits"][split] = _stats(encode_files(tok, src, tgt, tmp, split))
         atomic_write_json(tmp / "meta.json", meta)
     return meta
 

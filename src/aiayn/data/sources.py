@@ -1,0 +1,266 @@
+"""Corpus sources: ``params.data.corpus`` -> a checksummed snapshot of the raw text -> pairs per split.
+
+A snapshot (the ``corpus`` stage's ``artifacts/corpus``, a DVC output, so cached and pushed like any
+other) holds the raw text of the language pair's splits exactly as the source gave it: local files
+copied byte for byte (plain or gzip), a Hugging Face dataset exported to gzip JSONL, sacreBLEU test
+sets copied from its cache. Beside them:
+
+``SHA256SUMS``   ``"<sha256>  <file>"`` for every file, sorted by name
+``SOURCE.json``  ``{"identity": {kind, pair, name or path, config, revision, ...},
+                   "splits": {split: {"format": "moses"|"tsv"|"jsonl", "files": [...], "origin": [...]}}}``;
+                 ``origin`` names what the user gave (their file, ``dataset [split]``), and error
+                 messages of ``prepare`` name it too, at the same line numbers.
+
+Multi30k is verified against the embedded checksums (``aiayn.corpus.MULTI30K_SHA256``) before it is
+copied. ``prepare`` reads a snapshot back through ``split_reader``; without a snapshot, a Multi30k
+config reads ``data/multi30k`` directly (``multi30k_manifest``), as ``aiayn prepare`` always did.
+
+Errors: ``aiayn.corpus.CorpusError`` naming the split, the files tried and the splits there are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from aiayn.config import DataConfig
+from aiayn.corpus import MIRROR_ENV, MULTI30K_SHA256, CorpusError
+from aiayn.data.readers import JsonlPairs, MosesPairs, PairReader, TsvPairs
+from aiayn.io import atomic_write_json, atomic_write_text, sha256_file
+
+__all__ = ["SOURCE_FILE", "SUMS_FILE", "multi30k_splits", "available_splits", "corpus_identity", "snapshot",
+           "multi30k_manifest", "load_manifest", "split_reader", "manifest_matches"]
+
+SOURCE_FILE = "SOURCE.json"
+SUMS_FILE = "SHA256SUMS"
+_SUFFIX = {"tsv": ".tsv", "jsonl": ".jsonl"}
+
+
+def multi30k_splits(src: str, tgt: str) -> tuple[str, ...]:
+    """Multi30k splits that exist in both ``src`` and ``tgt`` (sorted); empty for an unknown language."""
+    have: dict[str, set[str]] = {}
+    for name in MULTI30K_SHA256:
+        split, lang, _ = name.rsplit(".", 2)
+        have.setdefault(split, set()).add(lang)
+    return tuple(sorted(s for s, langs in have.items() if {src, tgt} <= langs))
+
+
+def _resolve(root: Path, path: str) -> Path:
+    return Path(path) if Path(path).is_absolute() else Path(root) / path
+
+
+def _gz_or_plain(stem: Path) -> Path | None:
+    for candidate in (stem.with_name(stem.name + ".gz"), stem):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def available_splits(data: DataConfig, root: Path | None) -> tuple[str, ...] | None:
+    """The splits the source has for the pair, when that is known without loading it: Multi30k's table,
+    or (with ``root``) the files in a local folder; plus the ``splits`` and ``sacrebleu`` entries.
+    ``None`` for a Hugging Face dataset (its splits are known once it is loaded)."""
+    c = data.corpus
+    if c.kind == "hf":
+        return None
+    extra = set(c.splits) | set(c.sacrebleu)
+    if c.kind == "multi30k":
+        return tuple(sorted(set(multi30k_splits(data.src_lang, data.tgt_lang)) | set(c.sacrebleu)))
+    if root is None:
+        return None
+    folder = _resolve(root, c.path)
+    found: set[str] = set()
+    if folder.is_dir():
+        for f in folder.iterdir():
+            name = f.name.removesuffix(".gz")
+            if c.kind == "moses" and name.endswith(f".{data.src_lang}"):
+                split = name.removesuffix(f".{data.src_lang}")
+                if _gz_or_plain(folder / f"{split}.{data.tgt_lang}"):
+                    found.add(split)
+            elif c.kind != "moses" and name.endswith(_SUFFIX[c.kind]):
+                found.add(name.removesuffix(_SUFFIX[c.kind]))
+    return tuple(sorted(found | extra))
+
+
+def corpus_identity(data: DataConfig) -> dict[str, Any]:
+    """What names the corpus, from the params alone: kind, pair, name or path, config, revision and the
+    sacreBLEU test sets (the snapshot adds the resolved hub revision)."""
+    c = data.corpus
+    out: dict[str, Any] = {"kind": c.kind, "pair": data.pair}
+    if c.kind == "hf" and c.name:
+        out |= {"name": c.name, "config": c.config, "revision": c.revision}
+    else:
+        out |= {"path": c.path}
+    if c.sacrebleu:
+        out["sacrebleu"] = dict(sorted(c.sacrebleu.items()))
+    return out
+
+
+# --------------------------------------------------------------------------- one split's files
+
+
+def multi30k_manifest(raw_dir: Path, data: DataConfig, *, verify: bool = False) -> dict[str, Any]:
+    """The manifest of Multi30k files for ``data``'s pair and splits in ``raw_dir`` (read in place).
+
+    Raises ``CorpusError``: a split Multi30k does not have for the pair (naming the ones it has), files
+    missing (naming them and how to fetch them), or, with ``verify``, a file whose SHA-256 differs from
+    the embedded checksum.
+    """
+    src, tgt = data.src_lang, data.tgt_lang
+    wanted = [s for s in data.splits if s not in data.corpus.sacrebleu]
+    have = multi30k_splits(src, tgt)
+    unknown = [s for s in wanted if s not in have]
+    if unknown:
+        hint = f" (e.g. -S 'data.test_splits=[{', '.join(t for t in data.test_splits if t in have)}]')" \
+            if any(t in have for t in data.test_splits) else ""
+        raise CorpusError(f"multi30k has no split {', '.join(unknown)} for {data.pair}; it has {', '.join(have) or 'none'}"
+                          f"{hint}")
+    missing = [raw_dir / f"{s}.{lang}.gz" for s in wanted for lang in (src, tgt) if not (raw_dir / f"{s}.{lang}.gz").is_file()]
+    if missing:
+        raise CorpusError(
+            f"raw corpus file(s) missing: {', '.join(map(str, missing))}; run `aiayn fetch` first "
+            f"(offline: set {MIRROR_ENV}=/path/to/multi30k mirror, or pass --mirror)")
+    splits = {}
+    for s in wanted:
+        files = [f"{s}.{lang}.gz" for lang in (src, tgt)]
+        if verify:
+            for name in files:
+                actual = sha256_file(raw_dir / name)
+                if actual != MULTI30K_SHA256[name]:
+                    raise CorpusError(f"{raw_dir / name}: sha256 {actual}, expected {MULTI30K_SHA256[name]} "
+                                      "(a changed file: `aiayn fetch` restores it)")
+        splits[s] = {"format": "moses", "files": files, "origin": [str(raw_dir / f) for f in files]}
+    return {"identity": corpus_identity(data), "splits": splits}
+
+
+def _local_split(data: DataConfig, root: Path, split: str) -> tuple[str, list[Path]]:
+    """``(format, files)`` of one split of a local corpus; ``CorpusError`` naming what was tried."""
+    c = data.corpus
+    base = _resolve(root, c.path)
+    if c.kind == "moses":
+        prefix = _resolve(root, c.splits[split]) if split in c.splits else base / split
+        files, tried = [], []
+        for lang in (data.src_lang, data.tgt_lang):
+            stem = prefix.with_name(f"{prefix.name}.{lang}")
+            found = _gz_or_plain(stem)
+            tried += [str(stem) + ".gz", str(stem)]
+            if found:
+                files.append(found)
+        if len(files) == 2:
+            return "moses", files
+    else:
+        if split in c.splits:
+            found = _resolve(root, c.splits[split])
+            tried = [str(found)]
+            found = found if found.is_file() else None
+        else:
+            stem = base / f"{split}{_SUFFIX[c.kind]}"
+            tried = [str(stem) + ".gz", str(stem)]
+            found = _gz_or_plain(stem)
+        if found:
+            return c.kind, [found]
+    have = available_splits(data, root)
+    raise CorpusError(f"{c.kind} corpus: no file for split {split!r} ({data.pair}): tried {', '.join(tried)}; "
+                      f"{base} has splits {', '.join(have) if have else 'none'}")
+
+
+def _copy(origin: Path, out_dir: Path, name: str) -> str:
+    """Copy ``origin`` to ``out_dir/name`` (``.gz`` added when it is gzip); return the file name."""
+    with open(origin, "rb") as f:
+        if f.read(2) == b"\x1f\x8b" and not name.endswith(".gz"):
+            name += ".gz"
+    shutil.copyfile(origin, out_dir / name)
+    return name
+
+
+def snapshot(data: DataConfig, root: Path, out_dir: Path) -> dict[str, Any]:
+    """Write the raw text of ``data``'s pair and splits into the empty folder ``out_dir``, with ``SHA256SUMS``
+    and ``SOURCE.json``; return the manifest (``SOURCE.json``'s content).
+
+    Raises ``CorpusError`` (see the module docstring; ``aiayn.data.hub`` for datasets and sacreBLEU).
+    """
+    c, root, out_dir = data.corpus, Path(root), Path(out_dir)
+    src, tgt = data.src_lang, data.tgt_lang
+    identity = corpus_identity(data)
+    splits: dict[str, dict[str, Any]] = {}
+    own = [s for s in data.splits if s not in c.sacrebleu]
+    if c.kind == "multi30k":
+        raw = _resolve(root, c.path)
+        for split, entry in multi30k_manifest(raw, data, verify=True)["splits"].items():
+            files = [_copy(raw / f, out_dir, f) for f in entry["files"]]
+            splits[split] = entry | {"files": files}
+    elif c.kind == "hf":
+        from aiayn.data import hub
+
+        ds = hub.load_hf(c, root)
+        identity |= hub.hf_identity(c, ds)
+        label = c.name or c.path
+        for split in own:
+            theirs = c.splits.get(split, split)
+            if theirs not in ds:
+                raise CorpusError(f"dataset {label} has no split {theirs!r} (for {split}); it has {sorted(ds)} "
+                                  "(map ours to theirs with data.corpus.splits, e.g. {val: validation})")
+            name = f"{split}.jsonl.gz"
+            origin = f"{label} [{theirs}]"
+            hub.export_hf_split(ds[theirs], src, tgt, out_dir / name, origin)
+            splits[split] = {"format": "jsonl", "files": [name], "origin": [origin]}
+    else:
+        for split in own:
+            fmt, files = _local_split(data, root, split)
+            if fmt == "moses":
+                names = [_copy(f, out_dir, f"{split}.{lang}") for f, lang in zip(files, (src, tgt))]
+            else:
+                names = [_copy(files[0], out_dir, f"{split}{_SUFFIX[fmt]}")]
+            splits[split] = {"format": fmt, "files": names, "origin": [str(f) for f in files]}
+    for split, test_set in sorted(c.sacrebleu.items()):
+        from aiayn.data import hub
+
+        files = hub.sacrebleu_files(test_set, src, tgt)
+        names = [_copy(f, out_dir, f"{split}.{lang}") for f, lang in zip(files, (src, tgt))]
+        splits[split] = {"format": "moses", "files": names, "origin": [str(f) for f in files]}
+    manifest = {"identity": identity, "splits": {s: splits[s] for s in data.splits}}
+    sums = sorted((name, sha256_file(out_dir / name)) for entry in splits.values() for name in entry["files"])
+    atomic_write_text(out_dir / SUMS_FILE, "".join(f"{h}  {n}\n" for n, h in sums))
+    atomic_write_json(out_dir / SOURCE_FILE, manifest)
+    return manifest
+
+
+def load_manifest(corpus_dir: Path) -> dict[str, Any] | None:
+    """``SOURCE.json`` of a snapshot, or ``None`` when there is none."""
+    path = Path(corpus_dir) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e}): run `aiayn corpus` again") from e
+
+
+def manifest_matches(manifest: dict[str, Any], data: DataConfig) -> str | None:
+    """``None`` when the snapshot holds ``data``'s corpus, pair and splits; else why not (one line)."""
+    want, have = corpus_identity(data), manifest.get("identity", {})
+    differs = [k for k, v in want.items() if have.get(k) != v]
+    if differs:
+        return f"it holds {', '.join(f'{k}={have.get(k)!r}' for k in differs)}, the params ask " \
+               f"{', '.join(f'{k}={want[k]!r}' for k in differs)}"
+    missing = [s for s in data.splits if s not in manifest.get("splits", {})]
+    return f"it has no split {', '.join(missing)}" if missing else None
+
+
+def split_reader(corpus_dir: Path, manifest: dict[str, Any], split: str, data: DataConfig) -> PairReader:
+    """The pairs of ``split`` in a snapshot (or in place: ``multi30k_manifest``), naming the user's files in
+    errors. Raises ``CorpusError`` for a split the manifest lacks."""
+    entry = manifest["splits"].get(split)
+    if entry is None:
+        raise CorpusError(f"{Path(corpus_dir) / SOURCE_FILE} has no split {split!r}: run `aiayn corpus` again")
+    files = [Path(corpus_dir) / f for f in entry["files"]]
+    origin = entry.get("origin") or [str(f) for f in files]
+    if entry["format"] == "moses":
+        return MosesPairs(files[0], files[1], display=(origin[0], origin[1]))
+    if entry["format"] == "tsv":
+        return TsvPairs(files[0], data.src_lang, data.tgt_lang, columns=data.corpus.columns,
+                        header=data.corpus.header, display=origin[0])
+    return JsonlPairs(files[0], data.src_lang, data.tgt_lang, display=origin[0])
+
