@@ -39,7 +39,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled
 from prefect.tasks import exponential_backoff
 
-from aiayn.config import Params, load_params
+from aiayn.checks import load_checked
+from aiayn.config import Params
 from aiayn.retry import is_transient as core_is_transient
 from aiayn.stages import Layout, stage_module
 
@@ -53,6 +54,7 @@ __all__ = [
     "run_stage",
     "fetch_corpus",
     "fetch",
+    "corpus",
     "prepare",
     "tokenize",
     "train",
@@ -180,7 +182,7 @@ INTERRUPTED_KEY = "interrupted"
 
 def _run(stage: str, params_path: str, root: str) -> Any:
     root_path = Path(root).resolve()
-    params = load_params(root_path / params_path)  # an absolute params_path stays as is
+    params = load_checked(root_path / params_path, root_path)  # an absolute params_path stays as is
     summary = run_stage(stage, params, Layout(root_path))
     if INTERRUPTED_KEY in summary:
         return Cancelled(message=summary[INTERRUPTED_KEY])
@@ -194,6 +196,12 @@ def _run(stage: str, params_path: str, root: str) -> Any:
 def fetch(root: str = ".", mirror: str | None = None) -> dict:
     """Fetch the verified Multi30k corpus into ``<root>/data/multi30k`` (offline: ``mirror`` or ``AIAYN_DATA_MIRROR``)."""
     return fetch_corpus(Layout(Path(root).resolve()), mirror)
+
+
+@flow(name="corpus", log_prints=True)
+def corpus(params_path: str = "params.yaml", root: str = ".") -> dict:
+    """Snapshot the configured corpus source for the pair into ``artifacts/corpus`` (checksummed)."""
+    return _run("corpus", params_path, root)
 
 
 @flow(name="prepare", log_prints=True)
@@ -241,6 +249,7 @@ def monitor_reference(params_path: str = "params.yaml", root: str = ".") -> dict
 #: Stage name -> its flow, in pipeline order (``fetch`` comes before the DVC DAG).
 STAGE_FLOWS: dict[str, Flow[..., dict]] = {
     "fetch": fetch,
+    "corpus": corpus,
     "prepare": prepare,
     "tokenize": tokenize,
     "train": train,

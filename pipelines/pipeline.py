@@ -7,8 +7,10 @@ One run of this flow is one pipeline run:
    ``AIAYN_PARENT_RUN_ID``, so every stage's tracker nests under the same parent. The
    parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
    pipeline: when MLflow is unreachable the tracker disables itself (one warning).
-2. **Fetch** (``io_task``, retried on transient I/O errors): makes sure the verified raw
-   corpus is in ``data/multi30k`` (files already there with the right hash are kept);
+0. **Check**: ``aiayn.checks.load_checked`` reports every problem of ``params.yaml`` at once
+   (``aiayn check``) and fails the run before anything else happens.
+2. **Fetch** (``io_task``, retried on transient I/O errors; Multi30k configs only: other corpus sources
+   are read by the ``corpus`` stage): makes sure the verified raw corpus is in ``data/multi30k`` (files already there with the right hash are kept);
    then, when it matches ``data.dvc``, puts it in the DVC cache so the push uploads it (a
    corpus that differs from ``data.dvc`` is reported, never committed).
 3. **Reproduce**: ``dvc.repo.Repo(root).reproduce()``, so DVC alone decides what is
@@ -44,6 +46,7 @@ from prefect import flow, get_client, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from aiayn.checks import load_checked
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker, dvc_data_hashes
 from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task
@@ -260,9 +263,11 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
     """Fetch, ``dvc repro``, ``dvc push`` and publish the markdown report for the project at ``root``."""
     root_path = Path(root).resolve()
     layout = Layout(root_path)
+    params = load_checked(root_path / "params.yaml", root_path)  # every problem at once, before any stage
     with Tracker("orchestrate", project_root=root_path, end_pipeline=True) as tracker:
         tracker.set_tags({"prefect.flow_run_id": str(runtime.flow_run.id)})
-        fetch_corpus(layout, mirror)
+        if params.data.corpus.kind == "multi30k":  # other sources are read by the corpus stage itself
+            fetch_corpus(layout, mirror)
         env: dict[str, str | None] = {
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             "PREFECT_API_URL": _prefect_api_url(),

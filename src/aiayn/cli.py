@@ -1,4 +1,4 @@
-"""``aiayn <verb>``: one command per pipeline stage, plus ``translate``, ``serve`` and ``presets``.
+"""``aiayn <verb>``: one command per pipeline stage, plus ``check``, ``translate``, ``serve`` and ``presets``.
 
 Every stage verb calls the same ``aiayn.stages.<name>.run`` that ``dvc.yaml``
 (through the Prefect flows in ``pipelines/``) runs.
@@ -62,7 +62,9 @@ def run_stage(name: str, params_path: Path, root: Path) -> dict:
     setup_logging()
     from aiayn.stages import stage_module
 
-    params = load_params(params_path)
+    from aiayn.checks import load_checked
+
+    params = load_checked(params_path, root)  # every cross-field problem, before the stage does anything
     module = importlib.import_module(stage_module(name))
     return module.run(params, Layout(root))
 
@@ -92,6 +94,7 @@ def _stage_command(name: str, doc: str) -> None:
     app.command(name=name)(command)
 
 
+_stage_command("corpus", "Snapshot the configured corpus source (data.corpus) for the pair into artifacts/corpus, checksummed.")
 _stage_command("prepare", "Validate, normalise (NFC) and filter the raw corpus into artifacts/prepared.")
 _stage_command("tokenize", "Train the joint sentencepiece model and encode every split into artifacts/tokenized.")
 _stage_command("train", "Train (or resume) the Transformer; write the averaged model bundle to artifacts/model.")
@@ -139,6 +142,22 @@ def monitor(
     if summary["verdict"] == "insufficient_data":
         typer.echo(f"aiayn monitor: {summary.get('reason')}", err=True)
     raise typer.Exit(exit_code(summary["verdict"]))
+
+
+@app.command()
+def check(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+    """Check params.yaml before any stage runs: every problem at once (blocks that do not load, and the
+    cross-field checks: gate split, splits the corpus lacks, vocabulary, grad_accum vs nproc_per_node, ...).
+    Exit status: 0 fine, 2 problems (one line each)."""
+    from aiayn.checks import check_params_file
+
+    problems = check_params_file(params, root)
+    for problem in problems:
+        typer.echo(f"{params}: {problem}", err=True)
+    if problems:
+        typer.echo(f"aiayn check: {len(problems)} problem(s) in {params}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{params}: ok")
 
 
 @app.command()

@@ -32,6 +32,7 @@ __all__ = [
     "CorpusConfig",
     "DataConfig",
     "registered_model_name",
+    "corpus_identity",
     "TokenizerConfig",
     "ModelConfig",
     "TrainConfig",
@@ -175,6 +176,20 @@ class DataConfig(_Strict):
     def splits(self) -> tuple[str, ...]:
         """Every split the pipeline reads: train, valid, then the test splits (repeats removed)."""
         return tuple(dict.fromkeys((self.train_split, self.valid_split, *self.test_splits)))
+
+
+def corpus_identity(data: DataConfig) -> dict[str, Any]:
+    """What names the corpus, from the params alone: kind, pair, name or path, config, revision and the
+    sacreBLEU test sets (the ``corpus`` stage's ``SOURCE.json`` adds the resolved hub revision)."""
+    c = data.corpus
+    out: dict[str, Any] = {"kind": c.kind, "pair": data.pair}
+    if c.kind == "hf" and c.name:
+        out |= {"name": c.name, "config": c.config, "revision": c.revision}
+    else:
+        out |= {"path": c.path}
+    if c.sacrebleu:
+        out["sacrebleu"] = dict(sorted(c.sacrebleu.items()))
+    return out
 
 
 def registered_model_name(data: DataConfig, override: str | None = None) -> str:

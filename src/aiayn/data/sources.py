@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import DataConfig
+from aiayn.config import DataConfig, corpus_identity
 from aiayn.corpus import MIRROR_ENV, MULTI30K_SHA256, CorpusError
 from aiayn.data.readers import JsonlPairs, MosesPairs, PairReader, TsvPairs
 from aiayn.io import atomic_write_json, atomic_write_text, sha256_file
@@ -82,20 +82,6 @@ def available_splits(data: DataConfig, root: Path | None) -> tuple[str, ...] | N
             elif c.kind != "moses" and name.endswith(_SUFFIX[c.kind]):
                 found.add(name.removesuffix(_SUFFIX[c.kind]))
     return tuple(sorted(found | extra))
-
-
-def corpus_identity(data: DataConfig) -> dict[str, Any]:
-    """What names the corpus, from the params alone: kind, pair, name or path, config, revision and the
-    sacreBLEU test sets (the snapshot adds the resolved hub revision)."""
-    c = data.corpus
-    out: dict[str, Any] = {"kind": c.kind, "pair": data.pair}
-    if c.kind == "hf" and c.name:
-        out |= {"name": c.name, "config": c.config, "revision": c.revision}
-    else:
-        out |= {"path": c.path}
-    if c.sacrebleu:
-        out["sacrebleu"] = dict(sorted(c.sacrebleu.items()))
-    return out
 
 
 # --------------------------------------------------------------------------- one split's files

@@ -18,7 +18,7 @@ from typing import Any
 from aiayn.config import Params
 from aiayn.corpus import read_lines
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
-from aiayn.scoring import score
+from aiayn.scoring import bleu_tokenizer, score
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker
 from aiayn.translate import DecodeOptions, Translator
@@ -36,9 +36,11 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     Returns ``{split: {bleu, chrf, bleu_lc_tok, ...}}``. Raises
     ``FileNotFoundError`` if the model bundle or a prepared split is missing,
     ``aiayn.translate.InputError`` (a ``ValueError``) for an over-long line under ``error``, and
-    ``aiayn.scoring.ScoringError`` if output still holds subword markers.
+    ``aiayn.scoring.ScoringError`` if output still holds subword markers or the target language's BLEU
+    tokenizer (``aiayn.scoring.bleu_tokenizer``) is not available.
     """
     d, e = params.data, params.evaluate
+    bleu_tok = bleu_tokenizer(d.tgt_lang, e.bleu_tokenize)  # before decoding: a missing tokenizer fails fast
     translator = Translator.from_dir(layout.model, device=e.device)
     options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
                             max_len_b=e.max_len_b, max_tokens=e.max_tokens)
@@ -54,7 +56,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                 hyps = translator.translate(sources, options, long=e.long_policy)
                 seconds = time.perf_counter() - t0
                 atomic_write_text(out / f"{split}.hyp.{d.tgt_lang}", "".join(h + "\n" for h in hyps))
-                result = score(hyps, references)
+                result = score(hyps, references, tokenize=bleu_tok)
                 metrics[split] = {k: round(float(result[k]), 4) for k in ("bleu", "chrf", "bleu_lc_tok")}
                 scores[split] = result
                 log.info("%s: BLEU %.2f chrF %.2f (%s) [%.1f s]", split, result["bleu"], result["chrf"],

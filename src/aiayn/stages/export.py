@@ -9,8 +9,8 @@ clones, give the same ``dvc.lock`` hash), so the git commit is not in it: it goe
 the *registered* copy and the model version's tags, where it names the code that registered it.
 
 Registry (when tracking is on): the bundle is logged as an MLflow pyfunc model (input: sentences;
-output: translations), registered as ``REGISTERED_MODEL`` (env ``AIAYN_REGISTERED_MODEL``), and
-the alias ``champion`` moves to it only when its ``quantize.gate_split`` BLEU is >= the current
+output: translations), registered as ``aiayn-{src_lang}-{tgt_lang}`` (``aiayn.config.registered_model_name``;
+env ``AIAYN_REGISTERED_MODEL`` overrides), so champions never cross language pairs, and the alias ``champion`` moves to it only when its ``quantize.gate_split`` BLEU is >= the current
 champion's (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
 """
 
@@ -21,7 +21,7 @@ import logging
 import os
 from typing import Any
 
-from aiayn.config import Params
+from aiayn.config import DataConfig, Params, corpus_identity, registered_model_name
 from aiayn.export import EAGER, build_bundle, register_bundle
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker, dvc_data_hashes, git_commit
@@ -31,8 +31,9 @@ __all__ = ["run", "REGISTERED_MODEL"]
 
 log = logging.getLogger("aiayn")
 
-#: Registered model name in the MLflow Model Registry (env ``AIAYN_REGISTERED_MODEL`` overrides).
-REGISTERED_MODEL = "aiayn-en-de"
+#: Registered model name of the default pair (``aiayn.config.registered_model_name``: ``aiayn-{src}-{tgt}``
+#: from ``params.data``; env ``AIAYN_REGISTERED_MODEL`` overrides).
+REGISTERED_MODEL = registered_model_name(DataConfig())
 
 
 def _read_json(path) -> Any:
@@ -42,11 +43,26 @@ def _read_json(path) -> Any:
         raise FileNotFoundError(f"{path} not found: run the stages before export (`dvc repro`)") from None
 
 
-def _limits(params: Params, max_source_tokens: int) -> list[str]:
+def _corpus(layout: Layout, params: Params) -> dict[str, Any]:
+    """The corpus the model was trained on (``prepare``'s report: identity, resolved revision, pair counts)."""
+    path = layout.prepare_report
+    report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    train = report.get("splits", {}).get(params.data.train_split, {})
+    return (report.get("corpus") or corpus_identity(params.data)) | {"train_pairs": train.get("kept")}
+
+
+def _limits(params: Params, max_source_tokens: int, corpus: dict[str, Any]) -> list[str]:
     d = params.data
+    if corpus.get("kind") == "multi30k":
+        domain = (f"Trained on {d.src_lang}->{d.tgt_lang} image captions (Multi30k, ~29k sentence pairs): short, "
+                  "literal, descriptive sentences; expect much lower quality on other domains (news, dialogue, "
+                  "technical text).")
+    else:
+        label = corpus.get("name") or corpus.get("path")
+        domain = (f"Trained on {d.src_lang}->{d.tgt_lang} text of {label} ({corpus.get('train_pairs')} sentence "
+                  "pairs); expect lower quality outside that corpus's domain.")
     return [
-        f"Trained on {d.src_lang}->{d.tgt_lang} image captions (Multi30k, ~29k sentence pairs): short, literal, "
-        "descriptive sentences; expect much lower quality on other domains (news, dialogue, technical text).",
+        domain,
         f"A source sentence is at most {max_source_tokens} sentencepiece tokens (with EOS); the service splits "
         "longer lines at sentence/clause/word boundaries and translates the pieces.",
         "Trained on single captions: a line holding several sentences is translated as one unit and can lose "
@@ -83,7 +99,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
     max_src = max_source_tokens(_read_model_config(layout.model / "model.json").max_side_tokens, decode)
-    name = os.environ.get("AIAYN_REGISTERED_MODEL", REGISTERED_MODEL)
+    name = registered_model_name(d, os.environ.get("AIAYN_REGISTERED_MODEL"))
+    corpus = _corpus(layout, params)
     card = {
         "name": name,
         "description": f"Transformer (Vaswani et al., 2017) {d.src_lang}->{d.tgt_lang} translation model, "
@@ -91,15 +108,17 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         "why": why,
         "scores": scores,
         "gate": {"split": q.gate_split, "max_bleu_drop": q.max_bleu_drop},
+        "corpus": corpus,
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
                        "data_hashes": {k: v for k, v in dvc_data_hashes(layout.root).items()
-                                       if k in ("data/multi30k", "data", "artifacts/prepared", "artifacts/tokenized")}},
+                                       if k in ("data/multi30k", "data", "artifacts/corpus", "artifacts/prepared",
+                                                "artifacts/tokenized")}},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
         "params": params.model_dump(mode="json", exclude={"monitor"}),
-        "limits": _limits(params, max_src),
+        "limits": _limits(params, max_src, corpus),
         "max_source_tokens": max_src,
     }
     vinfo = report["variants"].get(variant, {})

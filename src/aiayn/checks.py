@@ -1,0 +1,158 @@
+"""Cross-field checks of ``params.yaml``, all at once, before any stage runs (``aiayn check``).
+
+Each block of ``params.yaml`` validates itself when it loads (``aiayn.config``); what no single block
+can see is checked here: the quantize gate on a split that is not a test split (a 100k-step training
+would end in a quantize error), test splits the corpus does not have for the pair, splits that are
+the same split, a model vocabulary that contradicts the tokenizer's, checkpoint averaging over more
+checkpoints than are kept, fp16 without CUDA, a serving preference that names no built variant, a
+BLEU tokenizer the target language needs but this machine lacks, language ID for a language
+py3langid does not know. ``check_params_file`` also reports every block that does not load (one line
+per field), so a user sees every problem in one run. The pipeline flow and every stage run it first
+(``load_checked``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from aiayn.config import ConfigError, Params, params_from_dict
+
+__all__ = ["check_params", "check_params_file", "load_checked"]
+
+
+def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
+    """``(sections involved, message)`` per problem."""
+    from aiayn.data.sources import available_splits
+
+    d, q, t = params.data, params.quantize, params.train
+    out: list[tuple[set[str], str]] = []
+    if q.gate_split not in d.test_splits:
+        out.append(({"quantize", "data"}, f"quantize.gate_split {q.gate_split!r} is not one of data.test_splits "
+                                          f"{list(d.test_splits)} (the quantize stage would fail after training)"))
+    if d.src_lang == d.tgt_lang:
+        out.append(({"data"}, f"data.src_lang and data.tgt_lang are both {d.src_lang!r}"))
+    if d.valid_split in d.test_splits:
+        out.append(({"data"}, f"data.valid_split {d.valid_split!r} is also a test split (scores on it would be tuned on)"))
+    if d.train_split in (d.valid_split, *d.test_splits):
+        out.append(({"data"}, f"data.train_split {d.train_split!r} is also a valid/test split"))
+    if len(set(d.test_splits)) != len(d.test_splits):
+        out.append(({"data"}, f"data.test_splits repeats a split: {list(d.test_splits)}"))
+    stray = sorted(set(d.corpus.sacrebleu) - set(d.test_splits))
+    if stray:
+        out.append(({"data"}, f"data.corpus.sacrebleu names {stray}, which are not in data.test_splits"))
+    have = available_splits(d, root)
+    if have is not None:
+        lacking = [s for s in d.splits if s not in have]
+        if lacking:
+            where = d.corpus.kind if d.corpus.kind == "multi30k" else f"the {d.corpus.kind} corpus in {d.corpus.path}"
+            out.append(({"data"}, f"{where} has no split {', '.join(lacking)} for {d.pair}; it has "
+                                  f"{', '.join(have) or 'none'}"))
+    if d.corpus.kind != "multi30k" and d.corpus.kind != "hf" and root is not None:
+        path = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
+        if not path.exists():
+            out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
+    if "vocab_size" in params.model.model_fields_set and params.model.vocab_size != params.tokenize.vocab_size:
+        out.append(({"model", "tokenize"}, f"model.vocab_size {params.model.vocab_size} differs from "
+                                           f"tokenize.vocab_size {params.tokenize.vocab_size} (the model takes the "
+                                           "tokenizer's: drop model.vocab_size)"))
+    if params.model.max_side_tokens < 16:
+        out.append(({"model"}, f"model.max_positions {params.model.max_positions} leaves "
+                               f"{params.model.max_side_tokens} tokens per side"))
+    if t.average_last > t.keep_checkpoints:
+        out.append(({"train"}, f"train.average_last {t.average_last} > train.keep_checkpoints {t.keep_checkpoints}: "
+                               "averaging needs that many checkpoints kept"))
+    if t.precision == "fp16" and t.device == "cpu":
+        out.append(({"train"}, "train.precision fp16 needs CUDA, but train.device is cpu"))
+    if not set(q.serving_preference) & set(q.variants):
+        out.append(({"quantize"}, f"quantize.serving_preference {list(q.serving_preference)} names no variant of "
+                                  f"quantize.variants {list(q.variants)}: the eager model would always ship"))
+    out += _dependency_problems(params)
+    return out
+
+
+def _dependency_problems(params: Params) -> list[tuple[set[str], str]]:
+    """What this machine must have for the pair: the BLEU tokenizer, the language-ID model's languages."""
+    from aiayn.scoring import ScoringError, bleu_tokenizer
+
+    d, out = params.data, []
+    try:
+        bleu_tokenizer(d.tgt_lang, params.evaluate.bleu_tokenize)
+    except ScoringError as e:
+        out.append(({"data", "evaluate"}, str(e)))
+    if d.langid:
+        from aiayn.data.hygiene import LanguageId
+
+        unknown = sorted({d.src_lang, d.tgt_lang} - set(LanguageId.labels()))
+        if unknown:
+            out.append(({"data"}, f"data.langid: py3langid does not identify {unknown}"))
+    return out
+
+
+def check_params(params: Params, root: str | Path | None = None) -> list[str]:
+    """Every cross-field problem of ``params``, one line each (empty: none).
+
+    With ``root`` (the project root), local corpus folders are looked at too (their splits, that
+    they exist). Pure otherwise: no network, nothing written.
+    """
+    return [message for _, message in _problems(params, Path(root) if root is not None else None)]
+
+
+def _error_lines(e: ConfigError, section: str) -> list[str]:
+    cause = e.__cause__
+    if isinstance(cause, ValidationError):
+        lines = []
+        for err in cause.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            field = loc if loc.startswith(section) else f"{section}.{loc}" if loc else section
+            lines.append(f"{field}: {err['msg'].removeprefix('Value error, ')}")
+        return lines
+    return [str(e)]
+
+
+def check_params_file(path: str | Path, root: str | Path | None = None) -> list[str]:
+    """Every problem of the params file at ``path``: blocks that do not load (each field), then the
+    cross-field checks among the blocks that did. Empty list: the file is fine."""
+    path = Path(path)
+    try:
+        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [f"params file not found: {path}"]
+    except yaml.YAMLError as e:
+        return [f"{path}: not valid YAML: {' '.join(str(e).split())}"]
+    if raw is not None and not isinstance(raw, dict):
+        return [f"{path}: top level must be a mapping, got {type(raw).__name__}"]
+    raw = raw or {}
+    try:
+        return check_params(params_from_dict(raw), root)
+    except ConfigError:
+        pass
+    problems, good, bad = [], {}, set()
+    for section, value in raw.items():
+        try:
+            params_from_dict({section: value})
+            good[section] = value
+        except ConfigError as e:
+            problems += _error_lines(e, section)
+            bad.add(section)
+    try:
+        params = params_from_dict(good)
+    except ConfigError as e:  # blocks that load alone but not together
+        return problems + [str(e)]
+    return problems + [m for sections, m in _problems(params, Path(root) if root else None) if not sections & bad]
+
+
+def load_checked(path: str | Path, root: str | Path | None = None) -> Params:
+    """``load_params(path)`` after ``check_params_file``: what a stage runs on.
+
+    Raises ``ConfigError`` listing every problem (``"<path>: N problem(s): a; b"``).
+    """
+    problems = check_params_file(path, root)
+    if problems:
+        raise ConfigError(f"{path}: {len(problems)} problem(s) (`aiayn check`): " + "; ".join(problems))
+    from aiayn.config import load_params
+
+    return load_params(path)
