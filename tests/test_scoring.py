@@ -79,3 +79,36 @@ def test_refuses_length_mismatch_and_empty():
         score(["a", "b"], ["a"])
     with pytest.raises(ScoringError, match="no hypotheses"):
         score([], [])
+
+
+# --------------------------------------------------------------------------- the target language's tokenizer (issue 26)
+
+
+def test_bleu_tokenizer_follows_the_target_language():
+    from aiayn.scoring import bleu_tokenizer
+
+    assert bleu_tokenizer("de") == bleu_tokenizer("fr") == bleu_tokenizer("cs") == "13a"
+    assert bleu_tokenizer("zh") == "zh"
+    assert bleu_tokenizer("de", "intl") == "intl"
+    with pytest.raises(ScoringError, match="unknown sacreBLEU tokenizer 'bogus'"):
+        bleu_tokenizer("de", "bogus")
+
+
+def test_chinese_bleu_is_scored_per_character_and_signed():
+    refs, hyps = ["我们今天去公园散步"], ["我们今天去公园跑步"]
+    zh, default = score(hyps, refs, tokenize="zh"), score(hyps, refs)
+    assert "tok:zh" in zh["bleu_signature"] and "tok:zh" in zh["bleu_lc_tok_signature"]
+    assert default["bleu"] == 0.0 < zh["bleu"]  # 13a sees one "word" per sentence: no 4-gram can match
+
+
+def test_a_tokenizer_this_machine_lacks_is_refused_naming_the_need():
+    pytest.importorskip("sacrebleu")
+    try:
+        import MeCab  # noqa: F401
+        pytest.skip("MeCab is installed here")
+    except ImportError:
+        pass
+    from aiayn.scoring import bleu_tokenizer
+
+    with pytest.raises(ScoringError, match=r"target language 'ja' needs sacreBLEU's ja-mecab tokenizer.*sacrebleu\[ja\]"):
+        bleu_tokenizer("ja")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig, Params, TokenizerConfig
-from aiayn.corpus import fetch_corpus, read_lines
+from aiayn.corpus import CorpusError, fetch_corpus, read_lines
 from aiayn.stages import Layout
 from aiayn.stages import prepare as prepare_stage
 from aiayn.stages import tokenize as tokenize_stage
@@ -241,3 +241,54 @@ def test_tokenize_stage_real_data(multi30k_mirror, tmp_path):
 def test_tokenize_stage_requires_prepare(tmp_path):
     with pytest.raises(TokenizerError, match="aiayn prepare"):
         tokenize_stage.run(Params(), Layout(tmp_path))
+
+
+# --------------------------------------------------------------------------- streaming (issue 26)
+
+
+def test_encode_files_writes_what_save_encoded_writes(tmp_path):
+    """The streamed, chunked encoder gives the .npy bytes of the in-memory path (the main job unchanged)."""
+    import tiny
+
+    from aiayn.tokenizer import encode_files
+
+    tok = tiny.tokenizer(tmp_path)
+    en, de = tiny.corpus(257, 3)
+    (tmp_path / "s.en").write_text("".join(x + "\n" for x in en))
+    (tmp_path / "s.de").write_text("".join(x + "\n" for x in de))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    save_encoded(tmp_path / "a", "s", EncodedSplit.from_lists(tok.encode(en), tok.encode(de)))
+    enc = encode_files(tok, tmp_path / "s.en", tmp_path / "s.de", tmp_path / "b", "s", chunk=10)
+    for a, b in zip(encoded_files(tmp_path / "a", "s"), encoded_files(tmp_path / "b", "s")):
+        assert a.read_bytes() == b.read_bytes(), b.name
+    assert len(enc) == 257 and list(enc.tgt(5)) == tok.encode([de[5]])[0]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(p.name for p in encoded_files(tmp_path / "b", "s"))
+    (tmp_path / "s.de").write_text("".join(x + "\n" for x in de[:-1]))
+    with pytest.raises(TokenizerError, match="has 257 lines but .* has 256"):
+        encode_files(tok, tmp_path / "s.en", tmp_path / "s.de", tmp_path / "b", "s")
+
+
+def test_sampled_tokenizer_training_is_seeded(tmp_path):
+    """``input_sentence_size``: sentencepiece trains on a seeded sample, so the same text gives the same model."""
+    import tiny
+
+    en, de = tiny.corpus(600, 4)
+    (tmp_path / "t.txt").write_text("\n".join(en + de) + "\n")
+    cfg = TokenizerConfig(vocab_size=120, input_sentence_size=300)
+    a = train_tokenizer([tmp_path / "t.txt"], tmp_path / "a", cfg).read_bytes()
+    b = train_tokenizer([tmp_path / "t.txt"], tmp_path / "b", cfg).read_bytes()
+    full = train_tokenizer([tmp_path / "t.txt"], tmp_path / "c", TokenizerConfig(vocab_size=120)).read_bytes()
+    assert a == b and a != full
+    with pytest.raises(ValueError, match="input_sentence_size must be 0"):
+        TokenizerConfig(input_sentence_size=50)
+
+
+def test_iter_lines_is_read_lines_streamed(multi30k_mirror, tmp_path):
+    from aiayn.corpus import iter_lines
+
+    assert list(iter_lines(multi30k_mirror / "val.de.gz")) == read_lines(multi30k_mirror / "val.de.gz")
+    (tmp_path / "x").write_bytes(b"\xef\xbb\xbfone\ntwo\n\nfour\n")
+    with pytest.raises(CorpusError, match=r"x:3: empty line"):
+        list(iter_lines(tmp_path / "x"))
+    assert next(iter(iter_lines(tmp_path / "x"))) == "one"

@@ -209,9 +209,16 @@ class TokenizerConfig(_Strict):
     model_type: Literal["bpe", "unigram"] = "bpe"
     vocab_size: int = Field(8000, ge=64, description="Shared source/target vocabulary size (pieces).")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0)
-    input_sentence_size: int = Field(0, ge=0, description="Sentences sentencepiece trains on, sampled from the train "
+    input_sentence_size: int = Field(0, description="Sentences sentencepiece trains on, sampled from the train "
                                      "text (seeded: same text, same model); 0 = every sentence (Multi30k). WMT: "
-                                     "10M sentences of the 9M+ in 4.5M pairs is all; 2M keeps memory bounded.")
+                                     "10M sentences of the 9M+ in 4.5M pairs is all; 2M keeps memory bounded. sentencepiece wants 0 or > 100.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TokenizerConfig":
+        if not (self.input_sentence_size == 0 or self.input_sentence_size > 100):
+            raise ValueError(f"tokenize.input_sentence_size must be 0 (every sentence) or > 100 (sentencepiece), "
+                             f"got {self.input_sentence_size}")
+        return self
 
 
 class ModelConfig(_Strict):

@@ -81,15 +81,7 @@ def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerCo
     Raises ``TokenizerError`` when there is no text or sentencepiece refuses the
     settings (e.g. ``vocab_size`` larger than the corpus supports).
     """
-    counted = [0]
-
-    def sentences():
-        for path in text_files:
-            for line in iter_lines(Path(path)):
-                counted[0] += 1
-                yield line
-
-    stream = sentences()
+    stream = (line for path in text_files for line in iter_lines(Path(path)))
     first = next(stream, None)
     if first is None:
         raise TokenizerError(f"no training text in {[str(p) for p in text_files]}")
@@ -117,7 +109,7 @@ def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerCo
     except RuntimeError as e:
         raise TokenizerError(
             f"sentencepiece training failed ({cfg.model_type}, vocab_size={cfg.vocab_size}, "
-            f"{counted[0]} sentences from {[str(p) for p in text_files]}): {e}"
+            f"input_sentence_size={cfg.input_sentence_size}, text {[str(p) for p in text_files]}): {e}"
         ) from e
 
     model_bytes = proto.getvalue()
