@@ -55,7 +55,8 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
         path = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
         if not path.exists():
             out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
-    if "vocab_size" in params.model.model_fields_set and params.model.vocab_size != params.tokenize.vocab_size:
+    default_vocab = type(params.model).model_fields["vocab_size"].default  # what a resolved params dump writes
+    if params.model.vocab_size not in (params.tokenize.vocab_size, default_vocab):
         out.append(({"model", "tokenize"}, f"model.vocab_size {params.model.vocab_size} differs from "
                                            f"tokenize.vocab_size {params.tokenize.vocab_size} (the model takes the "
                                            "tokenizer's: drop model.vocab_size)"))

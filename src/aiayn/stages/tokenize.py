@@ -15,6 +15,8 @@ as one atomic directory swap:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Params
@@ -54,9 +56,14 @@ def run(params: Params, layout: Layout) -> dict:
         }
         for split in splits:
             src, tgt = (layout.prepared / f"{split}.{lang}" for lang in langs)
-            meta["splits"][split] = _stats(encode_files(tok, src, tgt, tmp, split))
+            meta["splits"][split] = _stats(save_encoded(tmp, split, tok, src, tgt))
         atomic_write_json(tmp / "meta.json", meta)
     return meta
+
+
+def save_encoded(directory: Path, split: str, tok: Tokenizer, src: Path, tgt: Path) -> EncodedSplit:
+    """Encode one split's prepared files into ``directory`` (streamed: ``aiayn.tokenizer.encode_files``)."""
+    return encode_files(tok, src, tgt, directory, split)
 
 
 def _stats(enc: EncodedSplit) -> dict:
