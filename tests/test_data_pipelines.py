@@ -119,6 +119,7 @@ def multi30k_project(tmp_path, prefect_harness, multi30k_mirror):
     root = scratch_project(tmp_path / "project", SMOKE, git=True)
     env = _env(prefect_harness, multi30k_mirror, tracking=True)
     sh(str(BIN / "aiayn"), "fetch", "--mirror", str(multi30k_mirror), cwd=root, env=env)
+    (root / ".gitignore").write_text("/data\n/mlflow.db\n/mlruns/\n")  # data.dvc versions data/, not git
     sh("git", "add", "-A", cwd=root, env=env)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "baseline", cwd=root, env=env)
     return root, env

@@ -291,4 +291,8 @@ def test_iter_lines_is_read_lines_streamed(multi30k_mirror, tmp_path):
     (tmp_path / "x").write_bytes(b"\xef\xbb\xbfone\ntwo\n\nfour\n")
     with pytest.raises(CorpusError, match=r"x:3: empty line"):
         list(iter_lines(tmp_path / "x"))
-    assert next(iter(iter_lines(tmp_path / "x"))) == "one"
+    (tmp_path / "y").write_bytes(b"\xef\xbb\xbfone\r\nCafe\xcc\x81  \n")  # BOM, CRLF, decomposed e-acute
+    assert list(iter_lines(tmp_path / "y")) == read_lines(tmp_path / "y") == ["one", "Caf\u00e9"]
+    (tmp_path / "z").write_bytes(b"ok\nbell\x07\n")
+    with pytest.raises(CorpusError, match=r"z:2: control character U\+0007"):
+        list(iter_lines(tmp_path / "z"))

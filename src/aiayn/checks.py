@@ -51,7 +51,7 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
             where = d.corpus.kind if d.corpus.kind == "multi30k" else f"the {d.corpus.kind} corpus in {d.corpus.path}"
             out.append(({"data"}, f"{where} has no split {', '.join(lacking)} for {d.pair}; it has "
                                   f"{', '.join(have) or 'none'}"))
-    if d.corpus.kind != "multi30k" and d.corpus.kind != "hf" and root is not None:
+    if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
         path = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
         if not path.exists():
             out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))

@@ -21,6 +21,7 @@ Errors: ``CorpusError`` (a ``ValueError``) naming the file, line and bad value.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import re
 import shutil
@@ -45,6 +46,7 @@ __all__ = [
     "fetch_corpus",
     "read_lines",
     "iter_lines",
+    "iter_line_chunks",
     "read_parallel",
     "filter_pairs",
     "length_rule",
@@ -242,23 +244,52 @@ def read_lines(path: Path) -> list[str]:
 def iter_lines(path: Path) -> Iterator[str]:
     """``read_lines`` one line at a time (same validation and messages; a file of whitespace only
     fails at its first line), for files too large to hold: the prepared text at WMT scale."""
+    for chunk in iter_line_chunks(path):
+        yield from chunk
+
+
+#: Lines per chunk of ``iter_line_chunks``.
+LINE_CHUNK = 20_000
+#: ``_BAD_CHAR`` less the newline: searched over a chunk's lines joined by newlines.
+_BAD_CHAR_JOINED = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def iter_line_chunks(path: Path, size: int = LINE_CHUNK) -> Iterator[list[str]]:
+    """``read_lines`` ``size`` lines at a time: one decode, one search and one NFC pass per chunk (about
+    10x less Python per line than line by line); a chunk with a problem is re-read line by line, so
+    the error names the exact line as ``read_lines`` does."""
     path = Path(path)
     try:
         f = open(path, "rb")
     except FileNotFoundError as e:
         raise CorpusError(f"{path}: file not found") from e
+    first = 1
     with f:
         stream = gzip.GzipFile(fileobj=f) if f.peek(2)[:2] == _GZIP_MAGIC else f
-        lineno = 0
         try:
-            for lineno, chunk in enumerate(stream, 1):
-                if lineno == 1 and chunk.startswith(b"\xef\xbb\xbf"):
-                    chunk = chunk[3:]
-                yield _checked_line(path, lineno, chunk)
+            while raw := list(itertools.islice(stream, size)):
+                if first == 1 and raw[0].startswith(b"\xef\xbb\xbf"):
+                    raw[0] = raw[0][3:]
+                yield _checked_chunk(path, first, raw)
+                first += len(raw)
         except (OSError, EOFError) as e:
             raise CorpusError(f"{path}: cannot read (corrupt gzip?): {e}") from e
-    if lineno == 0:
+    if first == 1:
         raise CorpusError(f"{path}: file is empty")
+
+
+def _checked_chunk(path: Path, first: int, raw: list[bytes]) -> list[str]:
+    try:
+        lines = [line.rstrip() for line in b"".join(raw).decode("utf-8").split("\n")]
+        if len(lines) > len(raw):  # the final newline of the chunk
+            lines.pop()
+        if len(lines) == len(raw) and all(lines):
+            text = "\n".join(lines)
+            if not _BAD_CHAR_JOINED.search(text):
+                return lines if text.isascii() else unicodedata.normalize("NFC", text).split("\n")
+    except UnicodeDecodeError:
+        pass
+    return [_checked_line(path, first + i, chunk) for i, chunk in enumerate(raw)]  # raises at the bad line
 
 
 def _checked_line(path: Path, lineno: int, chunk: bytes) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import itertools
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ import numpy as np
 import sentencepiece as spm
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenizerConfig
-from aiayn.corpus import iter_lines
+from aiayn.corpus import iter_line_chunks
 from aiayn.io import atomic_path, atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -67,7 +67,7 @@ class TokenizerError(ValueError):
 def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerConfig) -> Path:
     """Train a joint sentencepiece model on the lines of ``text_files``.
 
-    ``text_files`` are streamed with ``aiayn.corpus.iter_lines`` (UTF-8 or gzip, validated, NFC) and
+    ``text_files`` are streamed with ``aiayn.corpus.iter_line_chunks`` (UTF-8 or gzip, validated, NFC) and
     concatenated in the order given; with ``cfg.input_sentence_size`` N > 0, sentencepiece trains on N
     of them drawn by its reservoir sampler, seeded (``SAMPLE_SEED``) so the same text gives the same
     model; 0 trains on every line (no sampling, no shuffling). Writes ``{model_prefix}.model``
@@ -81,7 +81,7 @@ def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerCo
     Raises ``TokenizerError`` when there is no text or sentencepiece refuses the
     settings (e.g. ``vocab_size`` larger than the corpus supports).
     """
-    stream = (line for path in text_files for line in iter_lines(Path(path)))
+    stream = (line for path in text_files for chunk in iter_line_chunks(Path(path)) for line in chunk)
     first = next(stream, None)
     if first is None:
         raise TokenizerError(f"no training text in {[str(p) for p in text_files]}")
@@ -289,7 +289,7 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
                  *, chunk: int = ENCODE_CHUNK) -> "EncodedSplit":
     """Encode two aligned text files into the four ``.npy`` files of ``split`` in ``directory``, streaming.
 
-    Lines are read ``chunk`` at a time (``aiayn.corpus.iter_lines``), encoded by sentencepiece's own
+    Lines are read ``chunk`` at a time (``aiayn.corpus.iter_line_chunks``), encoded by sentencepiece's own
     batched, multi-threaded ``encode`` and appended to the id file, so memory holds one chunk and the
     ``(n + 1,)`` offsets, never the corpus. The files are byte for byte what
     ``save_encoded(EncodedSplit.from_lists(tok.encode(src), tok.encode(tgt)))`` writes. Returns the split,
@@ -307,7 +307,7 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
             raw = tmp.with_name(tmp.name + ".raw")
             try:
                 with open(raw, "wb") as out:
-                    for batch in _batched(iter_lines(Path(path)), chunk):
+                    for batch in iter_line_chunks(Path(path), chunk):
                         ids = tok.encode(batch)
                         n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                         out.write(np.fromiter(itertools.chain.from_iterable(ids), dtype=_DTYPES["ids"],
@@ -328,11 +328,6 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
     if counts[0][1] != counts[1][1]:
         raise TokenizerError(f"{counts[0][0]} has {counts[0][1]} lines but {counts[1][0]} has {counts[1][1]}")
     return load_encoded(directory, split)
-
-
-def _batched(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    while batch := list(itertools.islice(lines, size)):
-        yield batch
 
 
 def load_encoded(

@@ -16,34 +16,17 @@ object, and a file with no line at all.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import unicodedata
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from aiayn.corpus import CorpusError
 
-__all__ = ["open_binary", "iter_lines", "MosesPairs", "TsvPairs", "JsonlPairs", "PairReader", "clean", "write_jsonl_line"]
+__all__ = ["iter_lines", "MosesPairs", "TsvPairs", "JsonlPairs", "PairReader", "clean"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = "\ufeff"
-
-
-def open_binary(path: str | Path) -> BinaryIO:
-    """Open ``path`` for reading bytes, decompressing gzip (detected by its magic bytes, not the name).
-
-    Raises ``CorpusError`` when the file does not exist.
-    """
-    path = Path(path)
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError as e:
-        raise CorpusError(f"{path}: file not found") from e
-    if f.peek(2)[:2] == _GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-    return f
 
 
 def clean(text: str) -> str:
@@ -66,14 +49,18 @@ def _decode(raw: bytes, display: str, lineno: int) -> str:
 
 
 def _raw_lines(path: Path, display: str) -> Iterator[bytes]:
-    """The file's lines as bytes (``\\n`` kept); ``CorpusError`` for an unreadable gzip."""
+    """The file's lines as bytes (``\\n`` kept), gzip decompressed (detected by its magic bytes, not the
+    name); ``CorpusError`` for a missing file or an unreadable gzip."""
     try:
-        with open_binary(path) as f:
-            yield from f
-    except (OSError, EOFError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise CorpusError(f"{display}: cannot read (corrupt gzip?): {e}") from e
+        f = open(path, "rb")
+    except FileNotFoundError as e:
+        raise CorpusError(f"{display}: file not found") from e
+    with f:
+        stream = gzip.GzipFile(fileobj=f, mode="rb") if f.peek(2)[:2] == _GZIP_MAGIC else f
+        try:
+            yield from stream
+        except (OSError, EOFError) as e:
+            raise CorpusError(f"{display}: cannot read (corrupt gzip?): {e}") from e
 
 
 def iter_lines(path: str | Path, *, display: str | None = None) -> Iterator[str]:
@@ -159,7 +146,7 @@ class TsvPairs(PairReader):
         return names.index(self.langs[0]), names.index(self.langs[1])
 
     def __iter__(self) -> Iterator[tuple[int, str, str]]:
-        width, pick = 2, (0, 1)
+        width, pick, n = 2, (0, 1), 0
         if self.columns is not None:
             width, pick = len(self.columns), self._pick(self.columns, None)
         lineno = 0
@@ -174,9 +161,10 @@ class TsvPairs(PairReader):
             if len(fields) != width:
                 expected = f"{width} ({list(self.columns)})" if self.columns else f"{width}"
                 raise CorpusError(f"{self.display}:{lineno}: {len(fields)} tab-separated columns, expected {expected}")
+            n += 1
             yield lineno, clean(fields[pick[0]]), clean(fields[pick[1]])
-        if lineno == 0:
-            raise CorpusError(f"{self.display}: file is empty")
+        if n == 0:
+            raise CorpusError(f"{self.display}: no pair in the file" if lineno else f"{self.display}: file is empty")
 
 
 class JsonlPairs(PairReader):
@@ -220,8 +208,3 @@ class JsonlPairs(PairReader):
             yield lineno, sides[0], sides[1]
         if n == 0:
             raise CorpusError(f"{self.display}: no pair in the file")
-
-
-def write_jsonl_line(out: io.BufferedIOBase, src_lang: str, tgt_lang: str, src: str, tgt: str) -> None:
-    """One ``{"translation": {src_lang: src, tgt_lang: tgt}}`` line (UTF-8, not ASCII-escaped)."""
-    out.write(json.dumps({"translation": {src_lang: src, tgt_lang: tgt}}, ensure_ascii=False).encode("utf-8") + b"\n")
