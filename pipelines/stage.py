@@ -2,7 +2,7 @@
 
 This is what every ``dvc.yaml`` stage ``cmd`` runs, so a ``dvc repro`` shows up
 in Prefect (one flow run per stage). ``<name>`` is a key of
-``pipelines.flows.STAGE_FLOWS`` (fetch, prepare, tokenize, train, evaluate, quantize, export).
+``pipelines.flows.STAGE_FLOWS`` (fetch, corpus, prepare, tokenize, train, evaluate, quantize, export, monitor_reference).
 
 Options: ``--params`` (default ``params.yaml``, relative to ``--root``),
 ``--root`` (default: the current directory), ``--mirror`` (``fetch`` only; a

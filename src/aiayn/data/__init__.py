@@ -1,8 +1,7 @@
-"""The data layer: corpus sources, streaming readers of parallel text and the train-side hygiene rules.
+"""The data layer: where parallel text comes from, how it is read, and what of it training keeps.
 
-``sources`` turns ``params.data.corpus`` into a checksummed snapshot of the raw text (the ``corpus``
-stage's ``artifacts/corpus``) and reads a split of it back as a stream of pairs; ``readers`` holds
-the line, Moses, TSV and JSONL readers with their error messages; ``hub`` talks to Hugging Face
-``datasets`` and sacreBLEU (imported only when a corpus needs them); ``hygiene`` decides, pair by
-pair, what ``prepare`` keeps, and counts every drop.
+A corpus source (``params.data.corpus``) becomes a checksummed snapshot of its raw text (the
+``corpus`` stage), which ``prepare`` reads back as a stream of pairs and cleans with counted rules.
+Nothing here holds a whole corpus in memory, and the libraries for outside sources (Hugging Face
+``datasets``, sacreBLEU's test sets) are imported only when a config asks for them.
 """
