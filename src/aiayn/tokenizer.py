@@ -26,7 +26,8 @@ from __future__ import annotations
 import io
 import itertools
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,7 +290,8 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
                  *, chunk: int = ENCODE_CHUNK) -> "EncodedSplit":
     """Encode two aligned text files into the four ``.npy`` files of ``split`` in ``directory``, streaming.
 
-    Lines are read ``chunk`` at a time (``aiayn.corpus.iter_line_chunks``), encoded by sentencepiece's own
+    Lines are read ``chunk`` at a time (``aiayn.corpus.iter_line_chunks``, one chunk ahead on a helper
+    thread), encoded by sentencepiece's own
     batched, multi-threaded ``encode`` and appended to the id file, so memory holds one chunk and the
     ``(n + 1,)`` offsets, never the corpus. The files are byte for byte what
     ``save_encoded(EncodedSplit.from_lists(tok.encode(src), tok.encode(tgt)))`` writes. Returns the split,
@@ -307,7 +309,7 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
             raw = tmp.with_name(tmp.name + ".raw")
             try:
                 with open(raw, "wb") as out:
-                    for batch in iter_line_chunks(Path(path), chunk):
+                    for batch in _prefetched(iter_line_chunks(Path(path), chunk)):
                         ids = tok.encode(batch)
                         n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                         out.write(np.fromiter(itertools.chain.from_iterable(ids), dtype=_DTYPES["ids"],
@@ -328,6 +330,16 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
     if counts[0][1] != counts[1][1]:
         raise TokenizerError(f"{counts[0][0]} has {counts[0][1]} lines but {counts[1][0]} has {counts[1][1]}")
     return load_encoded(directory, split)
+
+
+def _prefetched(chunks: Iterator[list[str]]) -> Iterator[list[str]]:
+    """``chunks``, the next one read (and validated) by a helper thread while the caller encodes the current
+    one: sentencepiece's ``encode`` releases the GIL, so reading overlaps encoding."""
+    with ThreadPoolExecutor(1, thread_name_prefix="aiayn-read") as pool:
+        pending = pool.submit(next, chunks, None)
+        while (batch := pending.result()) is not None:
+            pending = pool.submit(next, chunks, None)
+            yield batch
 
 
 def load_encoded(
