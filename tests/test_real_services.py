@@ -195,7 +195,8 @@ NO_CREDS_CLIENT = r"""
 import json, sys
 from pathlib import Path
 import mlflow.pyfunc
-from aiayn.export import BundlePredictor, read_bundle_info, register_bundle
+from aiayn.bundle import read_bundle_info
+from aiayn.export import BundlePredictor, register_bundle
 from aiayn.tracking import Tracker
 
 project, url, action = Path(sys.argv[1]), sys.argv[2], sys.argv[3]

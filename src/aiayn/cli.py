@@ -250,7 +250,8 @@ def translate(
     from aiayn.checkpoint import CheckpointError
     from aiayn.textio import InputError, read_input
     from aiayn.tokenizer import TokenizerError
-    from aiayn.translate import DecodeOptions, Translator
+    from aiayn.decoders import DecodeOptions
+    from aiayn.translate import Translator
 
     options = DecodeOptions(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
                             max_len_b=max_len_b, max_tokens=max_tokens)

@@ -129,7 +129,7 @@ def with_int8_arithmetic(model: Transformer, accumulation: str) -> Transformer:
 @torch.inference_mode()
 def int8_logprobs(model: Transformer, sources: list[np.ndarray], targets: list[list[int]], *,
                   accumulation: str = "exact") -> list[np.ndarray]:
-    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``eager_logprobs``'s
+    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``aiayn.decoders.EagerDecoder.score_ids``'s
     contract: ``(len + 1,)`` float64 per sentence, the final EOS included)."""
     q = with_int8_arithmetic(model, accumulation)
     hidden: list[torch.Tensor] = []

@@ -17,11 +17,12 @@ from typing import Any
 
 from aiayn.config import Params
 from aiayn.corpus import read_lines
+from aiayn.decoders import DecodeOptions
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 from aiayn.scoring import score
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.translate import Translator
 
 __all__ = ["run"]
 
@@ -40,8 +41,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     """
     d, e = params.data, params.evaluate
     translator = Translator.from_dir(layout.model, device=e.device)
-    options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+    options = DecodeOptions.from_eval(e)
     metrics: dict[str, dict[str, float]] = {}
     scores: dict[str, Any] = {"decode": asdict(options) | {"long_policy": e.long_policy}, "device": str(translator.device),
                               "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}

@@ -21,11 +21,13 @@ import logging
 import os
 from typing import Any
 
+from aiayn.bundle import EAGER, read_model_config
 from aiayn.config import Params
-from aiayn.export import EAGER, build_bundle, register_bundle
+from aiayn.decoders import DecodeOptions
+from aiayn.export import build_bundle, register_bundle
 from aiayn.stages import Layout
 from aiayn.tracking import Tracker, dvc_data_hashes, git_commit
-from aiayn.translate import DecodeOptions, _read_model_config, max_source_tokens
+from aiayn.translate import max_source_tokens
 
 __all__ = ["run", "REGISTERED_MODEL"]
 
@@ -80,9 +82,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
             s = report["variants"][variant]["scores"][split]
             scores[split] = {"bleu": s["bleu"], "chrf": s["chrf"], "bleu_delta_vs_float": s["bleu_delta"]} | sigs
     model_meta = _read_json(layout.model / "model.json")
-    decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                           max_len_b=e.max_len_b, max_tokens=e.max_tokens)
-    max_src = max_source_tokens(_read_model_config(layout.model / "model.json").max_side_tokens, decode)
+    decode = DecodeOptions.from_eval(e)
+    max_src = max_source_tokens(read_model_config(layout.model / "model.json").max_side_tokens, decode)
     name = os.environ.get("AIAYN_REGISTERED_MODEL", REGISTERED_MODEL)
     card = {
         "name": name,
