@@ -18,6 +18,7 @@ from typing import Annotated, Literal, Optional
 import typer
 
 from aiayn.config import ConfigError, load_params
+from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -65,12 +66,6 @@ def run_stage(name: str, params_path: Path, root: Path) -> dict:
     params = load_params(params_path)
     module = importlib.import_module(stage_module(name))
     return module.run(params, Layout(root))
-
-
-#: Exit status after SIGINT / Ctrl-C (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
-#: Exit status when the reader of standard output went away (128 + SIGPIPE), e.g. ``| head``.
-EXIT_BROKEN_PIPE = 141
 
 
 def _stage_command(name: str, doc: str) -> None:
