@@ -214,6 +214,11 @@ def test_train_then_evaluate_share_one_parent(tmp_path: Path, store, client: Mlf
         assert t2.parent_run_id != parent_id
 
 
+def test_the_dag_s_last_stage_alone_ends_the_pipeline_run() -> None:
+    """The stages say which one ends the pipeline run (their RECORD); the orchestrator's order agrees."""
+    assert [s for s in STAGES if stage_record(s).ends_pipeline] == [STAGES[-1]]
+
+
 def test_repeated_stage_starts_new_pipeline_run(tmp_path: Path, store, client: MlflowClient) -> None:
     with _tracker("prepare", tmp_path, store) as p:
         first_parent = p.parent_run_id
