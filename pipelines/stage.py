@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_project_env()  # before Prefect and torch are imported
 
-    from aiayn.commands import EXIT_INTERRUPTED
+    from aiayn.exitcodes import EXIT_INTERRUPTED
     from aiayn.settings import Settings
     from pipelines.flows import STAGE_FLOWS  # imports Prefect
 

@@ -17,14 +17,8 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from aiayn.commands import (
-    COMMANDS_GROUP,
-    EXIT_BROKEN_PIPE,
-    EXIT_INTERRUPTED,
-    RootOpt,
-    setup_logging,
-    stage_command,
-)
+from aiayn.commands import COMMANDS_GROUP, RootOpt, setup_logging, stage_command
+from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)

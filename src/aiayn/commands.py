@@ -1,5 +1,5 @@
 """What every ``aiayn`` command is built from: logging to stderr, the ``--params``/``--root`` options,
-the exit statuses, and the command that runs one stage.
+and the command that runs one stage (exit statuses: ``aiayn.exitcodes``).
 
 ``aiayn.cli`` builds the core's commands from these; a package of the project that adds commands
 (the drift monitor's, in ``monitoring``) builds them from the same pieces and declares them in the
@@ -19,12 +19,11 @@ from typing import Annotated
 import typer
 
 from aiayn.config import ConfigError, load_params
+from aiayn.exitcodes import EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
 __all__ = [
     "COMMANDS_GROUP",
-    "EXIT_INTERRUPTED",
-    "EXIT_BROKEN_PIPE",
     "ParamsOpt",
     "RootOpt",
     "setup_logging",
@@ -34,11 +33,6 @@ __all__ = [
 
 #: Entry-point group of the commands that packages of the project add to ``aiayn`` (name = command).
 COMMANDS_GROUP = "aiayn.commands"
-
-#: Exit status after SIGINT / Ctrl-C (128 + SIGINT), as shells report it; also an interrupted stage's.
-EXIT_INTERRUPTED = 130
-#: Exit status when the reader of standard output went away (128 + SIGPIPE), e.g. ``| head``.
-EXIT_BROKEN_PIPE = 141
 
 ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params.yaml to read.")]
 RootOpt = Annotated[Path, typer.Option("--root", help="Project root (artifacts/ and data/ live under it).")]

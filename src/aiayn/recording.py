@@ -243,7 +243,10 @@ class NullRun:
     def log_artifacts(self, directory: str | Path, artifact_path: str | None = None) -> None:
         check_dir(directory)
 
-    def register_translation_model(self, bundle_dir: str | Path, **_: Any) -> None:
+    def register_translation_model(
+        self, bundle_dir: str | Path, *, name: str, variant: str, gate_split: str, bleu: float, example: list[str],
+        predictor: type, tags: Mapping[str, Any] | None = None,
+    ) -> None:
         return None
 
     def flush(self) -> None:
