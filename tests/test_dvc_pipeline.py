@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aiayn.stages import STAGES
+from pipelines.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -140,7 +140,7 @@ def test_prefect_server_has_the_flow_runs_and_report(stack, pipeline_run):
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from aiayn.stages import STAGES
+    from pipelines.stages import STAGES
     from pipelines.pipeline import REPORT_KEY
 
     with SyncPrefectClient(stack["prefect"].api_url) as client:

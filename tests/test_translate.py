@@ -423,7 +423,7 @@ def test_device_argument(bundle):
 def test_train_interrupt_exits_130_with_checkpoint_path(monkeypatch):
     import aiayn.stages.train as train_stage
 
-    def interrupted(params, layout):
+    def interrupted(params, layout, recorder=None):
         raise InterruptedError("training interrupted at step 7; checkpoint saved in artifacts/checkpoints, rerun to resume")
 
     monkeypatch.setattr(train_stage, "run", interrupted)

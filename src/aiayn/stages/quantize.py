@@ -46,15 +46,18 @@ from aiayn.quantize.fake_quant import LAYER_TYPES, with_fake_int8
 from aiayn.quantize.outliers import activation_stats, write_report
 from aiayn.quantize.throughput import measure, thread_count
 from aiayn.quantize.variants import VARIANTS, Variant, build_ct2, build_torchao, dir_bytes, unavailable_reason
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.scoring import score
 from aiayn.stages import Layout
 from aiayn.tokenizer import Tokenizer
-from aiayn.tracking import Tracker
 from aiayn.translate import Translator
 
-__all__ = ["run", "QuantizeError"]
+__all__ = ["run", "QuantizeError", "RECORD"]
 
 log = logging.getLogger("aiayn")
+
+#: How a quantize run is recorded: a variant's BLEU is not the pipeline run's headline (evaluate's is).
+RECORD = StageRecord("quantize")
 
 #: Alternating measurement rounds of ``_throughput`` (median and min-max reported).
 THROUGHPUT_ROUNDS = 3
@@ -114,8 +117,9 @@ def _pairs(tokenizer, src_lines: list[str], tgt_lines: list[str], n: int) -> tup
     return srcs, tgts
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Build, evaluate and gate every ``params.quantize.variants``; returns the per-variant summary."""
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Build, evaluate and gate every ``params.quantize.variants``; record params, metrics, statuses and
+    reports into ``recorder``; returns the per-variant summary."""
     q = params.quantize
     if q.gate_split not in params.data.test_splits:
         raise ValueError(f"quantize.gate_split={q.gate_split!r} is not one of data.test_splits "
@@ -123,7 +127,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     t_start = time.perf_counter()
     st = _start(params, layout)
     _eager_reference(st)
-    with Tracker("quantize", project_root=layout.root) as tracker:
+    with recorder.start(RECORD) as tracker:
         tracker.log_params({f"quantize.{k}": v for k, v in q.model_dump(mode="json").items()})
         with atomic_dir(layout.quantized) as out:
             for name in _wanted(q.variants):

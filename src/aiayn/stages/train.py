@@ -26,14 +26,19 @@ from typing import Any
 from aiayn.checkpoint import save_model
 from aiayn.config import Params
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
-from aiayn.stages import Layout
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord, StageRun
+from aiayn.stages import Layout, split_reads
 from aiayn.stages.train_job import METRICS_FILE, PARAMS_FILE, RESULT_FILE, load_train_inputs, result_from_job
-from aiayn.tracking import Tracker
 from aiayn.train import TrainResult, averaged_weights, train, validation_loss
 
-__all__ = ["run"]
+__all__ = ["run", "RECORD"]
 
 log = logging.getLogger("aiayn")
+
+#: How a train run is recorded: its validation loss is the pipeline run's headline, its params are the
+#: pipeline run's, and it reads the raw corpus (plus the training and validation splits, added by ``run``).
+RECORD = StageRecord("train", headline_metrics=r"^(averaged_)?valid_(loss|ppl)$", params_on_parent=True,
+                     source_data=True)
 
 
 class _Progress:
@@ -66,7 +71,7 @@ class _Progress:
             self.bar.stop()
 
 
-def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: _Progress) -> TrainResult:
+def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress: _Progress) -> TrainResult:
     """Run ``train`` on ``params.train.nproc_per_node`` ranks through torchrun (``aiayn.stages.train_worker``).
 
     The launcher keeps the MLflow run: it forwards rank 0's metrics (``metrics.jsonl``) to
@@ -127,8 +132,9 @@ def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: 
     return result_from_job(summary, Transformer(params.model))
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``.
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``; record the
+    run (params, per-step metrics, the model folder) into ``recorder``.
 
     Returns a summary: steps, epochs, stop reason, final validation metrics,
     tokens/s. Raises ``FileNotFoundError`` if the tokenize stage has not run.
@@ -139,7 +145,10 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     inputs = load_train_inputs(params, layout)
     model_cfg, valid_split, spm_path = inputs.model_cfg, inputs.valid_split, inputs.spm_path
 
-    with Tracker("train", project_root=layout.root) as tracker:
+    langs = (params.data.src_lang, params.data.tgt_lang)
+    record = RECORD.reading(*split_reads(layout, [params.data.train_split], langs, "training"),
+                            *split_reads(layout, [params.data.valid_split], langs, "validation"))
+    with recorder.start(record) as tracker:
         tracker.log_params(params.to_flat_dict() | {"model.vocab_size": model_cfg.vocab_size})
         tracker.set_tags({"seed": str(cfg.seed), "data_seed": str(cfg.data_seed), "model_preset": params.model_preset})
         with _Progress(cfg.max_steps, cfg.log_every) as progress:
