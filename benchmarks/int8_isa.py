@@ -38,20 +38,18 @@ _DECODE = r"""
 import json, sys, time
 from aiayn.config import EOS_ID, load_params
 from aiayn.corpus import read_lines
-from aiayn.quantize.ct2_translate import CT2Translator
+from aiayn.decoders import CT2Decoder, DecodeOptions
 from aiayn.quantize.int8 import int8_accumulation
 from aiayn.scoring import score
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import DecodeOptions
 import numpy as np
 ct2_dir, compute_type, params_path, prepared, splits = sys.argv[1:6]
 p = load_params(params_path)
 e = p.evaluate
-opts = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a, max_len_b=e.max_len_b,
-                     max_tokens=e.max_tokens)
+opts = DecodeOptions.from_eval(e)
 tok = Tokenizer.load(f"{ct2_dir}/spm.model")
-max_pos = json.loads(open(f"{ct2_dir}/max_positions.json").read())
-tr = CT2Translator(ct2_dir, tok, max_positions=max_pos, compute_type=compute_type)
+max_side = json.loads(open(f"{ct2_dir}/max_side_tokens.json").read())
+tr = CT2Decoder(ct2_dir, tok, max_side_tokens=max_side, compute_type=compute_type)
 out = {"host": int8_accumulation(), "splits": {}}
 for split in splits.split(","):
     src = read_lines(f"{prepared}/{split}.{p.data.src_lang}")
@@ -78,17 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from aiayn.host import host_info
-    from aiayn.quantize.converter import AiaynConverter, load_bundle
+    from aiayn.bundle import ModelBundle
+    from aiayn.quantize.converter import AiaynConverter
 
     torch.set_num_threads(1)
-    model, tokenizer, _ = load_bundle(Path(args.model_dir))
+    bundle = ModelBundle.load(Path(args.model_dir), device="cpu")
+    model, tokenizer = bundle.model, bundle.tokenizer
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for quantization in ("float32", "int8"):
             out = Path(tmp) / quantization
             AiaynConverter(model, tokenizer).convert(str(out), quantization=quantization, force=True)
             shutil.copyfile(Path(args.model_dir) / "spm.model", out / "spm.model")
-            (out / "max_positions.json").write_text(json.dumps(model.cfg.max_positions))
+            (out / "max_side_tokens.json").write_text(json.dumps(model.max_side_tokens))
         for row, (quantization, extra) in ROWS.items():
             env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
             proc = subprocess.run([sys.executable, "-c", _DECODE, str(Path(tmp) / quantization), quantization,
