@@ -314,3 +314,34 @@ def test_stage_end_to_end_and_damaged_variant_is_rejected(tok, tmp_path, monkeyp
     out = layout.quantized / "outliers"
     assert (out / "outliers.csv").exists() and (out / "outliers.md").exists()
     assert metrics["ct2-int8"]["degenerate_lines"] == 0
+
+
+def test_int8_variant_is_gated_under_both_ways_of_summing_int8_products(tok, tmp_path, monkeypatch):
+    """A ct2-int8 bundle may be served on a VNNI host (exact int32 sums) or an AVX2-only one (int16-
+    saturating pairs), so the stage decodes the gate split both ways (the other one in a subprocess set
+    to compute it), records both, and rejects the variant when either way fails the gate. This random
+    model's activations saturate (2 nats of log-prob, test_int8_weight_round_trip_error_bounded): exact
+    sums keep most of its greedy output (test_a's references: BLEU ~88), saturating ones lose most of it
+    (~20), on every host; a 20-BLEU gate separates the two."""
+    from aiayn.host import host_info
+    from aiayn.stages import quantize as stage
+
+    if "avx2" not in host_info(probe=False).isa:
+        pytest.skip("needs an x86 CPU with AVX2 (both int8 paths of CTranslate2)")
+    monkeypatch.setenv("AIAYN_TRACKING", "0")
+    layout = _project(tmp_path, tmp_path, tok)
+    quantize = dict(variants=["ct2-float32", "ct2-int8"], serving_preference=["ct2-int8", "ct2-float32"],
+                    layer_attribution=False, throughput=False)
+    summary = stage.run(_params(**quantize, max_bleu_drop=20.0), layout)
+    sums = json.loads((layout.quantized / "ct2-int8" / "variant.json").read_text())["int8_sums"]
+    assert sums["this_host"]["accumulation"] in ACCUMULATIONS and set(sums["gated"]) == set(ACCUMULATIONS)
+    exact, saturating = sums["gated"]["exact"], sums["gated"]["int16-saturating"]
+    assert exact["status"] == "accepted" and exact["bleu_delta"] > -20
+    assert saturating["status"] == REJECTED and saturating["bleu_delta"] < exact["bleu_delta"] - 20
+    assert summary["ct2-int8"]["status"] == REJECTED and summary["serving_default"] == "ct2-float32"
+
+    # a gate wide enough for both ways accepts the variant, and it ships
+    summary = stage.run(_params(**quantize, max_bleu_drop=100.0), layout)
+    sums = json.loads((layout.quantized / "ct2-int8" / "variant.json").read_text())["int8_sums"]
+    assert all(g["status"] == "accepted" for g in sums["gated"].values())
+    assert summary["ct2-int8"]["status"] == "accepted" and summary["serving_default"] == "ct2-int8"

@@ -40,8 +40,9 @@ from aiayn.corpus import read_lines
 from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder
 from aiayn.io import atomic_dir, atomic_write_json
 from aiayn.model import Transformer
-from aiayn.quantize.checks import ACCEPTED, FAILED, SKIPPED, degenerate_lines, gate
+from aiayn.quantize.checks import ACCEPTED, FAILED, REJECTED, SKIPPED, degenerate_lines, gate
 from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported
+from aiayn.quantize.int8 import ACCUMULATIONS, decode_under, int8_accumulation
 from aiayn.quantize.fake_quant import LAYER_TYPES, with_fake_int8
 from aiayn.quantize.outliers import activation_stats, write_report
 from aiayn.quantize.throughput import measure, thread_count
@@ -254,6 +255,10 @@ def _variant(st: _Run, name: str, vdir: Path) -> None:
                       "chrf_delta": round(sc["chrf"] - st.eager_scores[s]["chrf"], 4)}
     bad = {s: degenerate_lines(st.outputs[name][s], st.eager_out[s]) for s in st.tests}
     status = gate(vm[q.gate_split]["bleu_delta"], q.max_bleu_drop)
+    if isinstance(decoder, CT2Decoder) and decoder.compute_type.startswith("int8") and VARIANTS[name].device == "cpu":
+        entry["int8_sums"] = _int8_sums_gate(st, name, decoder, vdir)
+        if any(g.get("status") == REJECTED for g in entry["int8_sums"]["gated"].values()):
+            status = REJECTED
     model_bytes = dir_bytes(vdir) - (vdir / "spm.model").stat().st_size
     vm |= {"status": status, "rejected": int(status != ACCEPTED), "bytes": model_bytes,
            "degenerate_lines": sum(len(b) for b in bad.values())}
@@ -264,6 +269,35 @@ def _variant(st: _Run, name: str, vdir: Path) -> None:
     st.metrics[name] = vm
     log.info("%s: %s BLEU %s (delta %+.2f) %d bytes [%.1f s]", name, status, vm[q.gate_split]["bleu"],
              vm[q.gate_split]["bleu_delta"], model_bytes, st.timings[name])
+
+
+def _int8_sums_gate(st: _Run, name: str, decoder: CT2Decoder, vdir: Path) -> dict[str, Any]:
+    """The gate split decoded under BOTH ways an x86 CPU's CTranslate2 sums int8 products
+    (``aiayn.quantize.int8``: exact with VNNI; int16-saturating with oneDNN on CPUs without VNNI, e.g.
+    AMD Zen 2/3): this host's way is the stage's own decode; the other one runs in a subprocess set to
+    compute it. The bundle may be served on either kind of host, so the variant passes only when it
+    passes the gate both ways. Returns ``{"this_host": ..., "gated": {way: {bleu, bleu_delta, status} or
+    {status: skipped, reason}}}``."""
+    q = st.params.quantize
+    host = int8_accumulation()
+    srcs, refs = st.tests[q.gate_split]
+    base = st.eager_scores[q.gate_split]["bleu"]
+    gated: dict[str, Any] = {}
+    for way in ACCUMULATIONS:
+        if way == host["accumulation"]:
+            ids = st.outputs[name][q.gate_split]
+        else:
+            ids, other = decode_under(way, vdir, srcs, st.options, max_side_tokens=st.model.max_side_tokens,
+                                      compute_type=decoder.compute_type, inter_threads=st.threads)
+            if ids is None:
+                gated[way] = {"status": SKIPPED, "reason": f"this host cannot compute it ({other['why']})"}
+                log.warning("int8 sums %s: not measurable here (%s)", way, other["why"])
+                continue
+        bleu = _bleu_chrf(st.tokenizer, ids, refs)["bleu"]
+        delta = round(bleu - base, 4)
+        gated[way] = {"bleu": bleu, "bleu_delta": delta, "status": gate(delta, q.max_bleu_drop)}
+        log.info("int8 sums %s: BLEU %.2f (delta %+.2f) on %s", way, bleu, delta, q.gate_split)
+    return {"this_host": host, "gated": gated}
 
 
 def _outliers(st: _Run, out_dir: Path) -> None:
