@@ -5,11 +5,10 @@
 - ``smoke_pipeline``: the smoke configuration's whole pipeline, built ONCE per run through the
   ``pipeline`` flow and shared by every test that checks a finished pipeline
   (``test_dvc_pipeline``, ``test_pipelines``);
-- ``pytest -n 2`` (pytest-xdist, ``make test``): ``pytest_collection_modifyitems`` puts each
-  module in one ``xdist_group`` (module-scoped fixtures are built once), the modules sharing
-  ``smoke_pipeline`` in one group, and the services tier (real PostgreSQL, MLflow and Prefect
-  servers, a browser) in one group that runs its modules one after the other; the heaviest
-  groups are queued first.
+- ``pytest -n 2`` (pytest-xdist, ``make test``): ``pytest_xdist_make_scheduler`` runs each module
+  in one process (module-scoped fixtures are built once), the modules sharing ``smoke_pipeline``
+  in one group, and the services tier (real PostgreSQL, MLflow and Prefect servers, a browser)
+  in one group that runs its modules one after the other; the heaviest groups are queued first.
 """
 
 import atexit
@@ -44,7 +43,8 @@ DEFAULT_MIRROR = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
 BIN = Path(sys.executable).parent
 
-#: xdist groups: modules that share one session fixture run in one process, one after the other.
+#: Process groups under xdist: modules that share one session fixture, or must not run beside each
+#: other, run in one process, one after the other.
 SHARED_GROUPS = {"test_dvc_pipeline": "smoke-pipeline", "test_pipelines": "smoke-pipeline",
                  "test_real_services": "services", "test_prefect_services": "services",
                  "test_serving_services": "services"}
@@ -53,18 +53,30 @@ HEAVY_FIRST = ("smoke-pipeline", "services", "test_distributed", "test_train", "
                "test_translate", "test_serve", "test_variants_study", "test_tracking", "test_flash_attention")
 
 
+def _group(nodeid: str) -> str:
+    """The process group of a test: its module, or the shared group ``SHARED_GROUPS`` names."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return SHARED_GROUPS.get(module, module)
+
+
 def pytest_collection_modifyitems(config, items):
-    """One ``xdist_group`` per module (``SHARED_GROUPS`` merges some); heaviest groups first."""
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, module)))
+    """Heaviest groups first (``HEAVY_FIRST``), so the two processes finish together; file order kept
+    within a group (stable sort)."""
     rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
 
-    def group(item) -> str:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        return SHARED_GROUPS.get(module, module)
 
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: file order kept within a group
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N``: every test of one group runs in one process, in collection order (xdist's own
+    ``--dist loadgroup`` reads ``xdist_group`` marks into node ids, which pytest 9 no longer lets a
+    plugin rewrite, so the groups are given to xdist's scope scheduler here)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="module")
