@@ -1280,3 +1280,37 @@ def log_study(project_root: str | Path, name: str, metrics: Mapping[str, float],
         return run.info.run_id
 
     return _standalone_run(project_root, tracking_uri, record)
+
+
+# --------------------------------------------------------------------------- Hugging Face (mlflow.transformers)
+
+
+def register_transformers_model(tracker: Tracker, hf_dir: str | Path, *, name: str, alias: str | None, task: str,
+                                example: list[str]) -> str | None:
+    """Log the Hugging Face Marian folder ``hf_dir`` (``aiayn.hf_marian.export_marian``) with MLflow's
+    ``transformers`` flavor on ``tracker``'s run and register it as a version of ``name`` with
+    ``alias``, so ``mlflow models serve -m models:/<name>@<alias>`` serves it with MLflow's stock server
+    (a ``transformers`` pipeline of ``task``, e.g. ``translation_en_to_de``). The folder is saved as a
+    checkpoint path: nothing is loaded here. Returns the version, or None when tracking is off or
+    MLflow failed (one warning; the bundle and its version are unaffected).
+    Raises ``FileNotFoundError`` when ``hf_dir`` has no ``config.json``.
+    """
+    import tempfile
+    from importlib.metadata import version as _version
+
+    if not (Path(hf_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}: no config.json (not a Hugging Face model folder)")
+    if not tracker.active:
+        return None
+    reqs = [f"{pkg}=={_version(pkg)}" for pkg in ("mlflow", "transformers", "tokenizers", "torch", "sentencepiece")]
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "transformers_model"
+        try:
+            import mlflow.transformers
+
+            mlflow.transformers.save_model(str(hf_dir), str(local), task=task, input_example=list(example),
+                                           pip_requirements=reqs)
+        except Exception as e:  # noqa: BLE001 - a failed extra flavor never fails the export
+            log.warning("mlflow.transformers: %s not logged: %s: %s", name, type(e).__name__, e)
+            return None
+        return tracker.register_model(local, name, alias)
