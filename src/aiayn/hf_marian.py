@@ -191,11 +191,12 @@ def generation_config(cfg: ModelConfig, decode: DecodeOptions) -> dict[str, Any]
     cap ``max_len`` of the longest source the model accepts (``aiayn.translate.max_source_tokens``)."""
     longest = max_source_tokens(cfg.max_side_tokens, decode)
     max_len = min(int(decode.max_len_a * longest + decode.max_len_b), cfg.max_side_tokens - 1)
-    return dict(
+    beam = dict(length_penalty=decode.len_penalty, early_stopping=True) if decode.beam_size > 1 else {}
+    return dict(  # HF refuses beam-only flags with num_beams=1 (GenerationConfig.validate)
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, UNK_ID, BOS_ID], min_new_tokens=1,
-        num_beams=decode.beam_size, length_penalty=decode.len_penalty, early_stopping=True, do_sample=False,
-        max_length=max_len + 2, aiayn_max_len_a=decode.max_len_a, aiayn_max_len_b=decode.max_len_b,
+        num_beams=decode.beam_size, do_sample=False, max_length=max_len + 2,
+        aiayn_max_len_a=decode.max_len_a, aiayn_max_len_b=decode.max_len_b, **beam,
     )  # fmt: skip
 
 
@@ -297,6 +298,11 @@ def marian_translate_ids(hf_model: Any, sources: list[np.ndarray], decode: Decod
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     out: list[list[int]] = [[] for _ in sources]
     cap = hf_model.config.max_position_embeddings - 1
+    # keyword arguments override the folder's generation_config (a passed GenerationConfig whose values
+    # equal HF's defaults is overwritten by the model's); under greedy search HF's own defaults for the
+    # beam-only flags, which it would warn about otherwise
+    beam = dict(num_beams=decode.beam_size, length_penalty=decode.len_penalty if decode.beam_size > 1 else 1.0,
+                early_stopping=decode.beam_size > 1, do_sample=False)
     start = 0
     while start < len(order):
         n = len(sources[order[start]])
@@ -307,8 +313,8 @@ def marian_translate_ids(hf_model: Any, sources: list[np.ndarray], decode: Decod
         ids = torch.as_tensor(np.stack([sources[i] for i in idx]), dtype=torch.long)  # (B, n): no padding
         max_len = min(int(decode.max_len_a * n + decode.max_len_b), cap)
         with torch.inference_mode():
-            gen = hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=decode.beam_size,
-                                    length_penalty=decode.len_penalty, max_new_tokens=max_len + 1, do_sample=False)
+            gen = hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_len + 1,
+                                    **beam)
         for i, row in zip(idx, gen[:, 1:].tolist()):  # drop the decoder's start token
             out[i] = row[: row.index(EOS_ID)] if EOS_ID in row else [t for t in row if t != PAD_ID]
         start = end
