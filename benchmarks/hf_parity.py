@@ -18,7 +18,8 @@ the reference:
   token for token, and the text through HF's own tokenizer decode;
 - beam (``--beam-size``, ``--len-penalty`` as HF's ``length_penalty``, and 0): identical lines; each
   differing line is attributed by scoring both outputs with aiayn's model (``attribute``): the length
-  penalty (GNMT's ((5+|Y|)/6)**a vs HF's |Y|**a) or one side's search;
+  penalty (GNMT's ((5+|Y|)/6)**a vs HF's |Y|**a), HF's forced EOS at the length cap (scored 0 where
+  aiayn counts its log-probability), or one side's search;
 - CTranslate2: ``TransformersConverter`` on the exported folder as shipped (4.8.5), then with its
   Marian loader's two conventions overridden one at a time (the last vocabulary row dropped as
   Marian's trailing <pad>; decoding started from a zero embedding), each against
@@ -79,33 +80,38 @@ def teacher_forced(tr: Translator, hf, srcs: list[np.ndarray], refs: list[list[i
     return worst, total / count
 
 
-def sequence_logprob(tr: Translator, src: np.ndarray, hyp: list[int]) -> float:
-    """Sum of aiayn's log-probabilities of ``hyp`` + EOS given ``src``."""
+def sequence_logprob(tr: Translator, src: np.ndarray, hyp: list[int]) -> tuple[float, float]:
+    """aiayn's log-probability of ``hyp`` given ``src``: (sum over its tokens, EOS after them)."""
     tgt = torch.as_tensor([[BOS_ID] + hyp], dtype=torch.long)
     gold = torch.as_tensor(hyp + [EOS_ID], dtype=torch.long)
     with torch.inference_mode():
         lp = torch.log_softmax(tr.model(torch.as_tensor(src[None]), tgt).float(), dim=-1)[0]
-    return lp.gather(1, gold[:, None]).sum().item()
+    per_token = lp.gather(1, gold[:, None])[:, 0]
+    return per_token[:-1].sum().item(), per_token[-1].item()
 
 
-def attribute(tr: Translator, srcs, ours, theirs, alpha: float) -> dict[str, int]:
-    """Why each differing beam line differs, judged by aiayn's model scoring both outputs:
-    ``penalty`` = each output is the better one under its own search's length penalty (GNMT for
-    aiayn, ``|Y| ** alpha`` for HF); ``aiayn search`` = HF's output scores higher even under GNMT
-    (aiayn/fairseq keep the first ``beam`` finished hypotheses, HF the best); ``HF search`` = ours
-    scores higher under HF's own penalty; ``tie`` = equal scores."""
-    why = {"penalty": 0, "aiayn search": 0, "HF search": 0, "tie": 0}
+def attribute(tr: Translator, srcs, ours, theirs, alpha: float, opts: DecodeOptions) -> dict[str, int]:
+    """Why each differing beam line differs, judged by aiayn's model scoring both outputs the way
+    each search does. aiayn: (tokens + EOS) / ((5 + |Y|) / 6) ** alpha. HF: (tokens + EOS) / |Y| ** alpha,
+    where an EOS forced at the length cap (``forced_eos_token_id``) scores 0, not its log-probability.
+    ``length penalty`` / ``forced EOS at the cap``: each output is the better one under its own rule
+    (and that rule, resp. the forced EOS, is what tips it); ``aiayn search`` / ``HF search``: the other
+    side's output is better even under this side's own rule (a search miss)."""
+    why = {"length penalty": 0, "forced EOS at the cap": 0, "aiayn search": 0, "HF search": 0}
     for s, a, b in zip(srcs, ours, theirs):
         if a == b:
             continue
-        la, lb = sequence_logprob(tr, s, a), sequence_logprob(tr, s, b)
-        gnmt_a, gnmt_b = la / length_penalty(len(a) + 1, alpha), lb / length_penalty(len(b) + 1, alpha)
-        hf_a, hf_b = la / (len(a) + 1) ** alpha, lb / (len(b) + 1) ** alpha
-        if abs(gnmt_a - gnmt_b) < 1e-6 and abs(hf_a - hf_b) < 1e-6:
-            why["tie"] += 1
-        elif alpha and gnmt_a >= gnmt_b and hf_b >= hf_a:
-            why["penalty"] += 1
-        elif gnmt_b > gnmt_a:
+        cap = int(opts.max_len_a * len(s) + opts.max_len_b)
+        (ta, ea), (tb, eb) = sequence_logprob(tr, s, a), sequence_logprob(tr, s, b)
+        ours_a, ours_b = (ta + ea) / length_penalty(len(a) + 1, alpha), (tb + eb) / length_penalty(len(b) + 1, alpha)
+
+        def hf(t: float, e: float, n: int, forced: bool) -> float:
+            return (t + (0.0 if forced and n >= cap else e)) / (n + 1) ** alpha
+
+        if ours_a >= ours_b and hf(tb, eb, len(b), True) >= hf(ta, ea, len(a), True):
+            tipped_by_penalty = hf(tb, eb, len(b), False) >= hf(ta, ea, len(a), False)
+            why["length penalty" if tipped_by_penalty else "forced EOS at the cap"] += 1
+        elif ours_b > ours_a:
             why["aiayn search"] += 1
         else:
             why["HF search"] += 1
@@ -206,7 +212,7 @@ def measure(args) -> tuple[list[tuple[str, str]], bool]:
         for alpha in dict.fromkeys((args.len_penalty, 0.0)):
             opts = DecodeOptions(beam_size=args.beam_size, len_penalty=alpha, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
             ours_b, hf_b = tr.translate_ids(srcs, opts), marian_translate_ids(hf, srcs, opts)
-            why = attribute(tr, srcs, ours_b, hf_b, alpha)
+            why = attribute(tr, srcs, ours_b, hf_b, alpha, opts)
             rows.append((f"beam {args.beam_size}, len_penalty {alpha}",
                          f"{same(ours_b, hf_b):.2%} identical; differing lines: {why}"))
         if not args.skip_ct2:
