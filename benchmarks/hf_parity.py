@@ -49,7 +49,8 @@ from aiayn.config import BOS_ID, EOS_ID, PAD_ID, load_params
 from aiayn.corpus import read_lines
 from aiayn.decode import length_penalty
 from aiayn.hf_marian import export_marian, marian_logprobs, marian_translate_ids
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.decoders import DecodeOptions
+from aiayn.translate import Translator
 
 GREEDY_MIN, LOGPROB_MAX = 0.995, 1e-4
 
@@ -74,7 +75,7 @@ def teacher_forced(tr: Translator, hf, srcs: list[np.ndarray], refs: list[list[i
         src = pad_batch(srcs[s])
         tgt_in = pad_batch([np.asarray([BOS_ID] + r, dtype=np.int64) for r in refs[s]])
         with torch.inference_mode():
-            ours = torch.log_softmax(tr.model(src, tgt_in).float(), dim=-1)
+            ours = torch.log_softmax(tr.decoder.model(src, tgt_in).float(), dim=-1)
         diff = (marian_logprobs(hf, src, tgt_in) - ours).abs()[tgt_in.ne(PAD_ID)]  # (N, V)
         worst, total, count = max(worst, diff.max().item()), total + diff.sum().item(), count + diff.numel()
     return worst, total / count
@@ -85,7 +86,7 @@ def sequence_logprob(tr: Translator, src: np.ndarray, hyp: list[int]) -> tuple[f
     tgt = torch.as_tensor([[BOS_ID] + hyp], dtype=torch.long)
     gold = torch.as_tensor(hyp + [EOS_ID], dtype=torch.long)
     with torch.inference_mode():
-        lp = torch.log_softmax(tr.model(torch.as_tensor(src[None]), tgt).float(), dim=-1)[0]
+        lp = torch.log_softmax(tr.decoder.model(torch.as_tensor(src[None]), tgt).float(), dim=-1)[0]
     per_token = lp.gather(1, gold[:, None])[:, 0]
     return per_token[:-1].sum().item(), per_token[-1].item()
 
@@ -145,13 +146,13 @@ def ct2_rows(tr: Translator, hf_dir: Path, tmp: Path, srcs, refs, greedy: Decode
     from ctranslate2.converters import TransformersConverter
 
     from aiayn.quantize.converter import AiaynConverter
-    from aiayn.quantize.ct2_translate import CT2Translator
+    from aiayn.decoders import CT2Decoder
 
     pieces = [tr.tokenizer.id_to_piece(i) for i in range(tr.tokenizer.vocab_size)]
-    P = tr.model.cfg.max_positions
+    P = tr.max_side_tokens
 
     def decode(d: Path, ct: str):
-        return CT2Translator(d, tr.tokenizer, max_positions=P, compute_type=ct).translate_ids(srcs, greedy)
+        return CT2Decoder(d, tr.tokenizer, max_side_tokens=P, compute_type=ct).translate_ids(srcs, greedy)
 
     def scores(d: Path) -> np.ndarray:
         t = ctranslate2.Translator(str(d), compute_type="float32")
@@ -159,7 +160,7 @@ def ct2_rows(tr: Translator, hf_dir: Path, tmp: Path, srcs, refs, greedy: Decode
         return np.array([sum(r.log_probs) for r in out])
 
     ours = tmp / "ct2-aiayn"
-    AiaynConverter(tr.model, tr.tokenizer).convert(str(ours), force=True)
+    AiaynConverter(tr.decoder.model, tr.tokenizer).convert(str(ours), force=True)
     ref = {ct: decode(ours, ct) for ct in ("float32", "int8")}
     ref_scores = scores(ours)
     rows = []
@@ -189,7 +190,7 @@ def measure(args) -> tuple[list[tuple[str, str]], bool]:
     beam = DecodeOptions(beam_size=args.beam_size, len_penalty=args.len_penalty, max_len_a=args.max_len_a,
                          max_len_b=args.max_len_b)
     greedy = DecodeOptions(beam_size=1, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-    rows = [("model", f"{args.model_dir}: {tr.model.cfg.model_dump(exclude_defaults=True)}"),
+    rows = [("model", f"{args.model_dir}: {tr.decoder.model.cfg.model_dump(exclude_defaults=True)}"),
             ("sentences", f"{len(sources)} ({args.split if not args.source else args.source})")]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -199,19 +200,19 @@ def measure(args) -> tuple[list[tuple[str, str]], bool]:
         hf = MarianMTModel.from_pretrained(hf_dir).eval()
         tok = AutoTokenizer.from_pretrained(hf_dir)
         srcs = tr.encode(sources, greedy)
-        refs = [ids[: tr.max_positions - 1] for ids in tr.tokenizer.encode(references)]
+        refs = [ids[: tr.max_side_tokens - 1] for ids in tr.tokenizer.encode(references)]
         hf_ids = tok(sources).input_ids
         rows.append(("tokens: MarianTokenizer == aiayn", f"{same([list(s) for s in srcs], hf_ids):.1%} of lines"))
         worst, mean = teacher_forced(tr, hf, srcs, refs)
         rows.append(("teacher-forced log-prob, abs(HF - aiayn)", f"max {worst:.2e}, mean {mean:.2e}"))
-        ours_g, hf_g = tr.translate_ids(srcs, greedy), marian_translate_ids(hf, srcs, greedy)
+        ours_g, hf_g = tr.decoder.translate_ids(srcs, greedy), marian_translate_ids(hf, srcs, greedy)
         greedy_same = same(ours_g, hf_g)
         rows.append(("greedy, token for token", f"{greedy_same:.2%} identical"))
         texts = tok.batch_decode([[BOS_ID] + h + [EOS_ID] for h in hf_g], skip_special_tokens=True)
         rows.append(("greedy, text (HF tokenizer decode)", f"{same(tr.output_lines([(i, i + 1) for i in range(len(srcs))], ours_g), texts):.2%} identical"))
         for alpha in dict.fromkeys((args.len_penalty, 0.0)):
             opts = DecodeOptions(beam_size=args.beam_size, len_penalty=alpha, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
-            ours_b, hf_b = tr.translate_ids(srcs, opts), marian_translate_ids(hf, srcs, opts)
+            ours_b, hf_b = tr.decoder.translate_ids(srcs, opts), marian_translate_ids(hf, srcs, opts)
             why = attribute(tr, srcs, ours_b, hf_b, alpha, opts)
             rows.append((f"beam {args.beam_size}, len_penalty {alpha}",
                          f"{same(ours_b, hf_b):.2%} identical; differing lines: {why}"))

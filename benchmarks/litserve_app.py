@@ -33,11 +33,10 @@ class TranslateAPI(ls.LitAPI):
 
     def setup(self, device: str) -> None:
         sys.path.insert(0, str(REPO / "src"))
-        from aiayn.export import load_bundle
-        from aiayn.translate import DecodeOptions
+        from aiayn.export import BundlePredictor
 
-        self.translator, info = load_bundle(self.bundle, threads=self.threads)
-        self.options = DecodeOptions(**info["decode"])
+        bundle = BundlePredictor(self.bundle, threads=self.threads)
+        self.translator, info, self.options = bundle.translator, bundle.info, bundle.options
         self.model = {"name": "litserve", "version": "0", "variant": info.get("variant")}
         self.log = None
         if self.log_path is not None:

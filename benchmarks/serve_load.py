@@ -5,7 +5,7 @@
 For each client count: ``clients`` concurrent asyncio clients each send their share of a fixed
 number of requests (1-8 sentences each, drawn with a fixed seed from the source file) and stop.
 Reported: sentences/s and p50/p95/p99 request latency (ms). Side by side, same sentences, same
-process start: the model called directly (``load_bundle`` + ``translate``) in batches of
+process start: the model called directly (``BundlePredictor`` + ``translate``) in batches of
 ``--max-batch-sentences`` (throughput) and one sentence at a time (latency). Rounds alternate
 service / direct; medians with min-max. The service runs in its own process (``aiayn serve``) so
 the clients do not share its interpreter; both sides use the same threads setting.
@@ -125,12 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO / "src"))
-    from aiayn.export import load_bundle
-    from aiayn.translate import DecodeOptions
+    from aiayn.export import BundlePredictor
 
     lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]
-    translator, info = load_bundle(args.bundle, threads=args.threads * args.workers)
-    options = DecodeOptions(**info["decode"])
+    bundle = BundlePredictor(args.bundle, threads=args.threads * args.workers)
+    translator, info, options = bundle.translator, bundle.info, bundle.options
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix="aiayn-serve-load-"))

@@ -4,7 +4,7 @@ One run of this flow is one pipeline run:
 
 1. **Tracking**: opens an MLflow record through ``aiayn.tracking.Tracker``
    (child run ``orchestrate`` under a fresh parent run) and exports the parent's id as
-   ``AIAYN_PARENT_RUN_ID``, so every stage's tracker nests under the same parent. The
+   ``AIAYN_PARENT_RUN_ID``, so every stage's run nests under the same parent. The
    parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
    pipeline: when MLflow is unreachable the tracker disables itself (one warning).
 2. **Fetch** (``io_task``, retried on transient I/O errors): makes sure the verified raw
@@ -40,24 +40,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_client, get_run_logger, runtime, task
-from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
+from pipelines import apply_project_env
 
-from aiayn.stages import Layout
-from aiayn.tracking import Tracker, dvc_data_hashes
-from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task
-from pipelines.stage import ERROR_FILE_ENV, PIPELINE_RUN_ENV
+apply_project_env()  # before Prefect is imported: it reads its settings once
 
-__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY", "REMOTE_ENV"]
+from prefect import flow, get_client, get_run_logger, runtime, task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from aiayn.lineage import dvc_data_hashes  # noqa: E402
+from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
+from aiayn.stages import Layout  # noqa: E402
+from aiayn.tracking import Tracker  # noqa: E402
+from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task  # noqa: E402
+
+__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
 
 #: Key of the markdown artifact (Prefect UI -> Artifacts); lowercase letters, digits, dashes.
 REPORT_KEY = "aiayn-pipeline-report"
-#: Names the DVC remote the flow pushes to (``.dvc/config`` defines ``local`` and ``s3``); unset: the default.
-REMOTE_ENV = "AIAYN_DVC_REMOTE"
-
-#: Environment variable the stage trackers read to nest under this run's MLflow parent.
-PARENT_RUN_ENV = "AIAYN_PARENT_RUN_ID"
 
 
 class StageFailedError(RuntimeError):
@@ -107,7 +107,7 @@ def dvc_repro(root: str, env: dict[str, str | None]) -> list[str]:
     logger = get_run_logger()
     with tempfile.TemporaryDirectory(prefix="aiayn-repro-") as tmp:
         error_file = Path(tmp) / "stage-error.txt"
-        with _environ({**env, ERROR_FILE_ENV: str(error_file)}):
+        with _environ({**env, STAGE_ERROR_FILE_ENV: str(error_file)}):
             try:
                 # DVC's Python API resolves paths against the cwd (as `dvc` does after `--cd`)
                 with contextlib.chdir(root), Repo(root) as repo:
@@ -162,7 +162,7 @@ def dvc_push(root: str) -> dict[str, Any]:
 
     logger = get_run_logger()
     with contextlib.chdir(root), Repo(root) as repo:
-        remote = os.environ.get(REMOTE_ENV) or repo.config["core"].get("remote")
+        remote = Settings.from_env().dvc_remote or repo.config["core"].get("remote")
         try:
             pushed = repo.push(remote=remote)
         except NoRemoteError as e:
@@ -182,7 +182,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _data_hashes(root: Path) -> dict[str, str] | str:
-    """``aiayn.tracking.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
+    """``aiayn.lineage.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
     try:
         return dvc_data_hashes(root)
     except (OSError, ValueError) as e:

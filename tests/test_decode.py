@@ -94,7 +94,7 @@ def test_max_output_lengths():
     src = padded_batch([3, 10, 1], seed=0)
     assert max_output_lengths(src, max_len_a=1.5, max_len_b=2).tolist() == [6, 17, 3]
     assert max_output_lengths(src, max_len_a=0.0, max_len_b=0).tolist() == [1, 1, 1]
-    assert max_output_lengths(src, max_len_a=1.0, max_len_b=50, max_positions=20).tolist() == [19, 19, 19]
+    assert max_output_lengths(src, max_len_a=1.0, max_len_b=50, max_side_tokens=20).tolist() == [19, 19, 19]
 
 
 @pytest.mark.parametrize("decoder", ["greedy", "beam"])

@@ -25,7 +25,8 @@ from aiayn.hf_marian import (  # noqa: E402
 )
 from aiayn.model.positions import sinusoid_table  # noqa: E402
 from aiayn.tokenizer import Tokenizer  # noqa: E402
-from aiayn.translate import DecodeOptions, Translator  # noqa: E402
+from aiayn.decoders import DecodeOptions, EagerDecoder  # noqa: E402
+from aiayn.translate import Translator  # noqa: E402
 
 import tiny  # noqa: E402
 
@@ -80,13 +81,13 @@ def test_export_computes_what_our_model_computes(tok, tmp_path, overrides):
     out = export_marian(bundle(tmp_path / "model", model, tok), tmp_path / "hf", decode=DECODE)
     hf, _ = load(out)
     assert hf.config.share_encoder_decoder_embeddings == model.cfg.share_embeddings
-    tr = Translator(model, tok)
+    tr = Translator(tok, EagerDecoder(model))
     _, srcs, src, tgt_in = batch(tr)
     with torch.inference_mode():
         ours = torch.log_softmax(model(src, tgt_in), dim=-1)
     diff = (marian_logprobs(hf, src, tgt_in) - ours).abs()[tgt_in.ne(PAD_ID)]
     assert diff.max().item() < 1e-5
-    assert marian_translate_ids(hf, srcs, GREEDY) == tr.translate_ids(srcs, GREEDY)
+    assert marian_translate_ids(hf, srcs, GREEDY) == tr.decoder.translate_ids(srcs, GREEDY)
 
 
 def test_folder_holds_marians_files_and_weights_are_tied(exported):
@@ -115,7 +116,7 @@ def test_tokenizer_gives_our_ids_and_text(exported):
     tr, hf_tok = exported["tr"], exported["tok"]
     en, srcs, _, _ = batch(tr)
     assert hf_tok(en).input_ids == [s.tolist() for s in srcs]  # pieces + EOS, no BOS
-    ids = tr.translate_ids(srcs, GREEDY)
+    ids = tr.decoder.translate_ids(srcs, GREEDY)
     ours = tr.output_lines([(i, i + 1) for i in range(len(ids))], ids)
     assert hf_tok.batch_decode([[BOS_ID] + h + [EOS_ID] for h in ids], skip_special_tokens=True) == ours
     assert hf_tok.model_max_length == tr.max_source_tokens(DECODE)
@@ -125,7 +126,7 @@ def test_tokenizer_gives_our_ids_and_text(exported):
 
 def test_generation_config_carries_our_decoding_rules(exported):
     gen = exported["hf"].generation_config
-    want = generation_config(exported["tr"].model.cfg, DECODE)
+    want = generation_config(exported["tr"].decoder.model.cfg, DECODE)
     assert (gen.num_beams, gen.length_penalty, gen.early_stopping) == (3, 0.6, True)
     assert sorted(gen.suppress_tokens) == [PAD_ID, UNK_ID, BOS_ID] and gen.min_new_tokens == 1
     assert gen.forced_eos_token_id == EOS_ID and gen.decoder_start_token_id == BOS_ID
@@ -204,7 +205,7 @@ def test_export_params_are_checked():
 
 
 def test_export_stage_writes_the_folder_beside_the_bundle_only_when_asked(tok, tmp_path, monkeypatch):
-    from aiayn.export import load_bundle
+    from aiayn.export import BundlePredictor
     from aiayn.stages import evaluate, export, quantize
 
     monkeypatch.setenv("AIAYN_TRACKING", "0")
@@ -221,22 +222,22 @@ def test_export_stage_writes_the_folder_beside_the_bundle_only_when_asked(tok, t
     assert out["hf_marian"] == str(layout.export / HF_MARIAN_DIR)
     assert (layout.export / "model_card.json").read_bytes() == card  # the export block is not in the card
     hf, _ = load(layout.export / HF_MARIAN_DIR)
-    tr, _ = load_bundle(layout.export)
+    tr = BundlePredictor(layout.export).translator
     en = (layout.prepared / "test_a.en").read_text().splitlines()
     srcs = tr.encode(en)
-    assert marian_translate_ids(hf, srcs, GREEDY) == tr.translate_ids(srcs, GREEDY)
+    assert marian_translate_ids(hf, srcs, GREEDY) == tr.decoder.translate_ids(srcs, GREEDY)
 
 
 def test_mlflow_transformers_flavor_serves_the_folder(exported, tmp_path, monkeypatch):
     import mlflow
 
-    from aiayn.tracking import Tracker, register_transformers_model
+    from aiayn.tracking import Tracker
 
     monkeypatch.delenv("AIAYN_PARENT_RUN_ID", raising=False)
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     with Tracker("export", project_root=tmp_path, tracking_uri=uri) as t:
-        version = register_transformers_model(t, exported["out"], name="aiayn-test-hf", alias="champion",
-                                              task="translation_en_to_de", example=["a man runs"])
+        version = t.register_transformers_model(exported["out"], name="aiayn-test-hf", alias="champion",
+                                                task="translation_en_to_de", example=["a man runs"])
     assert version == "1"
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model("models:/aiayn-test-hf@champion")
@@ -248,10 +249,10 @@ def test_mlflow_transformers_flavor_serves_the_folder(exported, tmp_path, monkey
     want = [r["translation_text"] for r in pipeline("translation_en_to_de", model=str(exported["out"]))(en)]
     assert got == want
     with Tracker("export", project_root=tmp_path, tracking_uri=uri, enabled=False) as off:
-        assert register_transformers_model(off, exported["out"], name="x", alias=None, task="translation_en_to_de",
-                                           example=["a"]) is None
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        register_transformers_model(off, tmp_path, name="x", alias=None, task="translation_en_to_de", example=["a"])
+        assert off.register_transformers_model(exported["out"], name="x", alias=None, task="translation_en_to_de",
+                                               example=["a"]) is None
+        with pytest.raises(FileNotFoundError, match="config.json"):
+            off.register_transformers_model(tmp_path, name="x", alias=None, task="translation_en_to_de", example=["a"])
 
 
 @pytest.mark.slow
@@ -266,10 +267,10 @@ def test_smoke_pipeline_model_keeps_parity_on_its_test_split(smoke_pipeline, tmp
     de = (prepared / "test_2016_flickr.de").read_text().splitlines()
     opts = DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=10)
     srcs = tr.encode(en, opts)
-    same = sum(a == b for a, b in zip(tr.translate_ids(srcs, opts), marian_translate_ids(hf, srcs, opts)))
+    same = sum(a == b for a, b in zip(tr.decoder.translate_ids(srcs, opts), marian_translate_ids(hf, srcs, opts)))
     assert same / len(srcs) >= 0.995, f"{same}/{len(srcs)} greedy lines identical"
     src = pad_batch(srcs)
     tgt_in = pad_batch([np.asarray([BOS_ID] + ids[:200], dtype=np.int64) for ids in tr.tokenizer.encode(de)])
     with torch.inference_mode():
-        ours = torch.log_softmax(tr.model(src, tgt_in), dim=-1)
+        ours = torch.log_softmax(tr.decoder.model(src, tgt_in), dim=-1)
     assert (marian_logprobs(hf, src, tgt_in) - ours).abs()[tgt_in.ne(PAD_ID)].max().item() < 1e-4

@@ -20,11 +20,13 @@ pytest.importorskip("ctranslate2")
 
 import tiny  # noqa: E402
 from aiayn.config import params_from_dict  # noqa: E402
-from aiayn.export import EAGER, BundleError, build_bundle, load_bundle, read_bundle_info, sentences_from_input  # noqa: E402
+from aiayn.bundle import EAGER, BundleError, ServingBundle, read_bundle_info  # noqa: E402
+from aiayn.decoders import DecodeOptions  # noqa: E402
+from aiayn.export import BundlePredictor, build_bundle, sentences_from_input  # noqa: E402
 from aiayn.export import register_bundle  # noqa: E402
 from aiayn.tracking import CHALLENGER, CHAMPION, choose_alias  # noqa: E402
 from aiayn.serve import LogWriteError, MicroBatcher, RequestLog, ServeConfig, ServedModel, create_app  # noqa: E402
-from aiayn.translate import DecodeOptions, Translator  # noqa: E402
+from aiayn.translate import Translator  # noqa: E402
 
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
 CARD = tiny.CARD
@@ -75,11 +77,12 @@ def test_sentences_from_every_pyfunc_input_shape():
 
 @pytest.mark.parametrize("kind", ["ct2", "eager"])
 def test_bundle_translates_like_the_model_it_ships(world, kind):
-    tr, info = load_bundle(world[kind])
+    bundle = BundlePredictor(world[kind])
+    tr, info = bundle.translator, bundle.info
     assert info["variant"] == ("ct2-float32" if kind == "ct2" else EAGER) and info["decode"]["beam_size"] == 2
     src = world["en"][:12] + ["", "a \u2603 man"]  # blank line and an unknown character follow the shared rules
     # eager: our beam search itself; CTranslate2 float32: greedy is exact (a random model's beams run into
-    # the length cap, where CTranslate2's last step differs: aiayn.quantize.ct2_translate)
+    # the length cap, where CTranslate2's last step differs: aiayn.decoders)
     opts = OPTIONS if kind == "eager" else DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6)
     got = tr.translate(src, opts)
     assert got == world["model"].translate(src, opts)
@@ -96,7 +99,7 @@ def test_bad_bundles_are_refused_with_a_message(world, tmp_path):
         read_bundle_info(tmp_path)
     (tmp_path / "bundle.json").write_text(json.dumps({"format": 1, "runtime": "ctranslate2", "variant": "x", "decode": {}}))
     with pytest.raises(BundleError, match="model.json"):
-        load_bundle(tmp_path)
+        ServingBundle.load(tmp_path)
     with pytest.raises(BundleError, match="not a CTranslate2 model folder"):
         build_bundle(tmp_path / "out", model_dir=world["layout"].model, variant="ct2-int8", variant_dir=tmp_path,
                      compute_type="int8", decode=OPTIONS, card=CARD)
@@ -163,7 +166,7 @@ def test_pyfunc_model_answers_a_list_and_a_frame_alike_and_refuses_wrong_types(w
     finally:
         mlflow.set_tracking_uri(None)
     src = world["en"][:5]
-    want = load_bundle(world["ct2"])[0].translate(src, OPTIONS)
+    want = BundlePredictor(world["ct2"]).translator.translate(src, OPTIONS)
     assert list(m.predict(src)) == want
     assert list(m.predict(pd.DataFrame({"sentence": src}))) == want
     assert m.metadata.get_input_schema().to_dict() == [{"type": "string", "required": True}]  # sentences in
@@ -196,11 +199,11 @@ def test_request_log_is_wal_and_a_failed_write_raises(tmp_path):
 
 
 def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world):
-    tr = load_bundle(world["ct2"])[0]
+    tr = BundlePredictor(world["ct2"]).translator
     units = tr.prepare(world["en"][:16], OPTIONS).units
     sizes: list[int] = []
 
-    class Poisoned:  # a translator that fails on one specific request's units only
+    class Poisoned:  # a decoder that fails on one specific request's units only
         def __init__(self, inner):
             self.inner = inner
 
@@ -209,7 +212,7 @@ def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world
                 raise RuntimeError("poisoned unit")
             return self.inner.translate_ids(sources, options)
 
-    bad_model = ServedModel(Poisoned(tr), OPTIONS, "m", "1", "x")
+    bad_model = ServedModel(Translator(tr.tokenizer, Poisoned(tr.decoder)), OPTIONS, "m", "1", "x")
 
     async def main():
         b = MicroBatcher(max_batch=64, max_wait_s=0.05, workers=1, observe=sizes.append)
@@ -222,13 +225,13 @@ def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world
 
     res = asyncio.run(main())
     assert isinstance(res[-1], RuntimeError)
-    assert [r[0] for r in res[:-1]] == tr.translate_ids(units, OPTIONS)
+    assert [r[0] for r in res[:-1]] == tr.decoder.translate_ids(units, OPTIONS)
     assert sizes[0] == 17  # all 17 requests arrived within max_wait: one merged batch (then isolated)
 
 
 def test_a_lone_request_does_not_wait_for_company(world):
     """With no other request queued or decoding, a batch closes at once instead of after max_wait."""
-    tr = load_bundle(world["ct2"])[0]
+    tr = BundlePredictor(world["ct2"]).translator
     model = ServedModel(tr, OPTIONS, "m", "1", "x")
     units = tr.prepare(world["en"][:3], OPTIONS).units
 
@@ -245,7 +248,7 @@ def test_a_lone_request_does_not_wait_for_company(world):
 
     lone, lone_s, pair = asyncio.run(main())
     assert lone_s < 2.0, f"a lone request waited {lone_s:.2f} s (max_wait 5 s)"
-    assert lone == tr.translate_ids(units[:1], OPTIONS) and [p[0] for p in pair] == tr.translate_ids(units[1:3], OPTIONS)
+    assert lone == tr.decoder.translate_ids(units[:1], OPTIONS) and [p[0] for p in pair] == tr.decoder.translate_ids(units[1:3], OPTIONS)
 
 
 # --------------------------------------------------------------------------- the service
@@ -304,7 +307,7 @@ def test_translate_happy_path_health_metadata_metrics(world, service):
         r = c.post("/translate", json={"sentences": src})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["translations"] == load_bundle(world["ct2"])[0].translate(src, OPTIONS)
+        assert body["translations"] == BundlePredictor(world["ct2"]).translator.translate(src, OPTIONS)
         assert body["model"] == {"name": "aiayn-test", "version": "local", "variant": "ct2-float32"}
         r1 = c.post("/translate", json={"sentences": src[:1], "beam_size": 1})
         assert r1.json()["translations"] == world["model"].translate(src[:1], DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6))
@@ -369,7 +372,7 @@ def test_an_unwritable_log_fails_the_request_with_503(service):
 def test_concurrent_clients_one_invalid_and_every_answer_logged(world, service):
     s, cfg = service
     sentences = world["en"]
-    want = dict(zip(sentences, load_bundle(world["ct2"])[0].translate(sentences, OPTIONS)))
+    want = dict(zip(sentences, BundlePredictor(world["ct2"]).translator.translate(sentences, OPTIONS)))
 
     def client(i: int):
         with httpx.Client(base_url=s.url, timeout=60) as c:
@@ -485,7 +488,8 @@ def test_export_stage_builds_the_bundle_and_registers_it(world, tmp_path, monkey
     assert card["scores"]["test_a"]["bleu"] == report["variants"][chosen]["scores"]["test_a"]["bleu"]
     assert card["provenance"]["seed"] == 1 and card["max_source_tokens"] > 0
     assert "git_commit" not in card["provenance"]  # deterministic bytes: the commit goes to the registry copy
-    tr, info = load_bundle(layout.export)
+    bundle = BundlePredictor(layout.export)
+    tr, info = bundle.translator, bundle.info
     assert info["runtime"] == "ctranslate2" and info["compute_type"] == chosen.removeprefix("ct2-")
     assert len(tr.translate(["a man", ""], DecodeOptions(beam_size=1, max_len_b=8))) == 2
 

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 import tiny  # noqa: E402
-from aiayn.export import load_bundle  # noqa: E402
-from aiayn.translate import DecodeOptions  # noqa: E402
+from aiayn.decoders import DecodeOptions  # noqa: E402
+from aiayn.export import BundlePredictor  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def test_mlflow_models_serve_answers_every_payload_shape_in_order(world):
     try:
         _wait(f"http://127.0.0.1:{port}/ping", proc, log)
         src = world["en"]
-        want = load_bundle(world["bundle"])[0].translate(src, OPTIONS)
+        want = BundlePredictor(world["bundle"]).translator.translate(src, OPTIONS)
         url = f"http://127.0.0.1:{port}/invocations"
         payloads = [{"inputs": src},
                     {"dataframe_split": {"columns": ["sentence"], "data": [[s] for s in src]}},
@@ -127,4 +127,4 @@ def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path
     rows = sqlite3.connect(log_db).execute("SELECT count(*) FROM requests").fetchone()[0]
     assert rows == 8
     assert not Path(str(log_db) + "-wal").exists() or Path(str(log_db) + "-wal").stat().st_size == 0
-    assert json.loads(answers[0].text)["translations"] == load_bundle(world["bundle"])[0].translate(world["en"][0:3], OPTIONS)
+    assert json.loads(answers[0].text)["translations"] == BundlePredictor(world["bundle"]).translator.translate(world["en"][0:3], OPTIONS)

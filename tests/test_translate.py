@@ -29,10 +29,11 @@ from aiayn.cli import app
 from aiayn.config import EOS_ID, UNK_ID, EvalConfig, TokenizerConfig, model_preset
 from aiayn.corpus import read_lines
 from aiayn.decode import beam_search, greedy_decode
+from aiayn.decoders import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
 from aiayn.textio import InputError, clean_line, read_input, split_lines, split_long
 from aiayn.tokenizer import Tokenizer, train_tokenizer
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.translate import Translator
 from model_wrappers import LogitBias
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,14 +160,14 @@ def test_cli_line_breakers_stay_inside_lines(bundle):
 
 @pytest.mark.parametrize("decoder", ["greedy", "beam"])
 def test_unk_is_never_generated(translator, decoder):
-    favour = LogitBias(translator.model, {UNK_ID: 1e4})  # UNK would win every slot
+    favour = LogitBias(translator.decoder.model, {UNK_ID: 1e4})  # UNK would win every slot
     src = torch.tensor([[10, 11, 12, EOS_ID], [20, 21, EOS_ID, 0]])
     if decoder == "greedy":
         out = greedy_decode(favour, src, max_len_b=4)
     else:
         out = beam_search(favour, src, beam_size=3, max_len_b=4)
     assert all(out) and not any(UNK_ID in o for o in out)
-    text = Translator(favour, translator.tokenizer).translate(["A dog runs.", "Two men."], GREEDY if decoder == "greedy" else BEAM)
+    text = Translator(translator.tokenizer, EagerDecoder(favour)).translate(["A dog runs.", "Two men."], GREEDY if decoder == "greedy" else BEAM)
     assert len(text) == 2 and not any("\u2047" in t for t in text)
 
 
@@ -194,7 +195,7 @@ def test_surrogates_and_replacement_characters_do_not_crash(translator):
 
 
 def test_limit_derives_from_the_model(translator):
-    assert translator.model.max_positions == 64
+    assert translator.decoder.model.max_side_tokens == 64
     # int(1.0 * n + 10) <= 63 -> n <= 53; the position table alone would allow 64
     assert translator.max_source_tokens(DecodeOptions(max_len_a=1.0, max_len_b=10)) == 53
     assert translator.max_source_tokens(DecodeOptions(max_len_a=0.0, max_len_b=10)) == 64
@@ -267,8 +268,8 @@ def test_cli_long_policies(bundle, tmp_path):
 
 
 def test_chunks_come_in_input_order(translator):
-    model = translator.model
-    translator.model = model.double()
+    model = translator.decoder.model
+    translator.decoder.model = model.double()
     try:
         lines = [SENTENCES[i % 4] if i % 5 else "" for i in range(40)]
         lines[7] = lines[7] + " " + " ".join(SENTENCES)
@@ -280,7 +281,7 @@ def test_chunks_come_in_input_order(translator):
         assert streamed == translator.translate(lines, GREEDY, long="split")
         assert [i for i, t in enumerate(streamed) if not t] == [i for i in range(40) if i % 5 == 0]
     finally:
-        translator.model = model.float()
+        translator.decoder.model = model.float()
 
 
 def _big_input(path: Path, n: int) -> None:
@@ -422,7 +423,7 @@ def test_device_argument(bundle):
 def test_train_interrupt_exits_130_with_checkpoint_path(monkeypatch):
     import aiayn.stages.train as train_stage
 
-    def interrupted(params, layout):
+    def interrupted(params, layout, recorder=None):
         raise InterruptedError("training interrupted at step 7; checkpoint saved in artifacts/checkpoints, rerun to resume")
 
     monkeypatch.setattr(train_stage, "run", interrupted)

@@ -1,13 +1,13 @@
-"""``aiayn <verb>``: one command per pipeline stage, plus ``translate``, ``serve``, ``export-hf`` and ``presets``.
+"""``aiayn <verb>``: one command per pipeline stage, plus ``fetch``, ``monitor``, ``translate``, ``serve``, ``export-hf`` and ``presets``.
 
-Every stage verb calls the same ``aiayn.stages.<name>.run`` that ``dvc.yaml``
-(through the Prefect flows in ``pipelines/``) runs.
+Every stage verb calls the same ``run`` of the stage's module that ``dvc.yaml`` (through the Prefect
+flows in ``pipelines/``) runs, with the MLflow recorder. The drift monitor's verbs come from the
+``monitoring`` package, which declares them as ``aiayn.commands`` entry points.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -17,79 +17,24 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from aiayn.config import ConfigError, load_params
+from aiayn.commands import COMMANDS_GROUP, RootOpt, setup_logging, stage_command
+from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
-ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params.yaml to read.")]
-RootOpt = Annotated[Path, typer.Option("--root", help="Project root (artifacts/ and data/ live under it).")]
 
+def main() -> None:
+    """The ``aiayn`` console script and ``python -m aiayn``: the process defaults
+    (``aiayn.settings.apply_process_defaults``, before anything loads torch), then the app."""
+    from aiayn.settings import apply_process_defaults
 
-class _StderrHandler(logging.StreamHandler):
-    """A ``StreamHandler`` on whatever ``sys.stderr`` is when a record is written (not when the
-    handler was made), so redirected or replaced stderr streams (tests, notebooks) keep working."""
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    """Log ``aiayn`` messages to stderr (rich formatting on a terminal)."""
-    logger = logging.getLogger("aiayn")
-    logger.setLevel(level)  # every command sets its own level, also when an earlier one (same process) set up
-    if logger.handlers:
-        return
-    if sys.stderr.isatty():
-        from rich.logging import RichHandler
-
-        handler: logging.Handler = RichHandler(show_path=False)
-    else:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
-
-
-def run_stage(name: str, params_path: Path, root: Path) -> dict:
-    """Load params and run stage ``name``; returns its summary."""
-    setup_logging()
-    from aiayn.stages import stage_module
-
-    params = load_params(params_path)
-    module = importlib.import_module(stage_module(name))
-    return module.run(params, Layout(root))
-
-
-#: Exit status after SIGINT / Ctrl-C (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
-#: Exit status when the reader of standard output went away (128 + SIGPIPE), e.g. ``| head``.
-EXIT_BROKEN_PIPE = 141
+    apply_process_defaults()
+    app()
 
 
 def _stage_command(name: str, doc: str) -> None:
-    def command(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
-        try:
-            summary = run_stage(name, params, root)
-        except InterruptedError as e:  # the train loop caught SIGINT/SIGTERM and wrote a checkpoint
-            typer.echo(f"aiayn {name}: {e}", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        except KeyboardInterrupt:  # Ctrl-C outside the train loop's own handler (loading, averaging)
-            typer.echo(f"aiayn {name}: interrupted", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        except (ConfigError, FileNotFoundError, ValueError) as e:
-            typer.echo(f"aiayn {name}: error: {e}", err=True)
-            raise typer.Exit(2) from e
-        typer.echo(json.dumps(summary, indent=2, default=str))
-
-    command.__doc__ = doc
-    app.command(name=name)(command)
+    app.command(name=name)(stage_command(name, f"aiayn.stages.{name}", doc))
 
 
 _stage_command("prepare", "Validate, normalise (NFC) and filter the raw corpus into artifacts/prepared.")
@@ -98,47 +43,30 @@ _stage_command("train", "Train (or resume) the Transformer; write the averaged m
 _stage_command("evaluate", "Translate the test sets with beam search and score them with sacreBLEU.")
 _stage_command("quantize", "Build CTranslate2/torchao quantized variants, evaluate each, gate on BLEU (artifacts/quantized).")
 _stage_command("export", "Build the serving bundle (artifacts/export) and register it in the MLflow Model Registry.")
-_stage_command("monitor-reference", "Build the drift reference from the training source side (artifacts/monitor_reference).")
 
 
-@app.command()
-def monitor(
-    input_path: Annotated[Optional[Path], typer.Option("--input", "-i", help="Text file, one sentence per line (default: the latest window of the serving log).")] = None,
-    params: ParamsOpt = Path("params.yaml"),
-    root: RootOpt = Path("."),
-    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: artifacts/drift/<UTC time>).")] = None,
-    track: Annotated[bool, typer.Option(help="Log the check to MLflow.")] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the whole JSON summary instead of one line per test.")] = False,
-) -> None:
-    """Check production inputs for drift against the training reference (Evidently).
+def _project_commands() -> None:
+    """Register the commands the project's other packages declare in the ``aiayn.commands``
+    entry-point group of the ``aiayn`` distribution (the drift monitor's ``monitor`` and
+    ``monitor-reference``). Every ``aiayn`` metadata folder on ``sys.path`` is read, first one wins
+    per command, so a stale ``aiayn.egg-info`` in the working directory cannot hide the installed
+    ones. A command that cannot load is left out with one line on stderr; the rest still work."""
+    from importlib.metadata import distributions
 
-    Prints the verdict and one line per test (``--json``: the whole summary); reports
-    (report.html, embeddings.html, summary.json) go to the report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
-    window, fewer sentences than monitor.min_window, missing reference, unreadable log).
-    """
-    setup_logging()
-    from monitoring.drift import DriftCheckError, exit_code, run_check
+    declared = {}
+    for dist in distributions(name="aiayn"):
+        for ep in dist.entry_points.select(group=COMMANDS_GROUP):
+            declared.setdefault(ep.name, ep)
+    for name, ep in sorted(declared.items()):
+        try:
+            command = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken extra command must not take the CLI down
+            print(f"aiayn: command {name!r} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        app.command(name=name)(command)
 
-    try:
-        summary, folder = run_check(load_params(params), Layout(root),
-                                    input_path=input_path, out_dir=out, track=track)
-    except (DriftCheckError, ConfigError) as e:
-        typer.echo(f"aiayn monitor: error: {e}", err=True)
-        raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2, default=str))
-    else:
-        typer.echo(f"{summary['verdict']}: {summary['window']['sentences']} sentences; reports in {folder}")
-        for name, t in summary["descriptors"].items():
-            typer.echo(f"  {name:18s} {t['test']} {t['statistic']:.4g} (threshold {t['threshold']:g})"
-                       f"{'  DRIFT' if t['drifted'] else ''}")
-        if summary.get("embeddings"):
-            e = summary["embeddings"]
-            typer.echo(f"  {'embeddings':18s} {e['method']} {e['statistic']:.4g} ({e['test']})"
-                       f"{'  DRIFT' if e['drifted'] else ''}")
-    if summary["verdict"] == "insufficient_data":
-        typer.echo(f"aiayn monitor: {summary.get('reason')}", err=True)
-    raise typer.Exit(exit_code(summary["verdict"]))
+
+_project_commands()
 
 
 @app.command()
@@ -250,7 +178,8 @@ def translate(
     from aiayn.checkpoint import CheckpointError
     from aiayn.textio import InputError, read_input
     from aiayn.tokenizer import TokenizerError
-    from aiayn.translate import DecodeOptions, Translator
+    from aiayn.decoders import DecodeOptions
+    from aiayn.translate import Translator
 
     options = DecodeOptions(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
                             max_len_b=max_len_b, max_tokens=max_tokens)
@@ -382,4 +311,4 @@ def serve(
 
 
 if __name__ == "__main__":
-    app()
+    main()

@@ -102,7 +102,8 @@ class ModelConfig(_Strict):
     n_layers: int = Field(6, ge=1, description="Layers in the encoder and in the decoder each.")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="P_drop of paper Section 5.4 (residual + embeddings).")
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    max_positions: int = Field(1024, ge=8, description="Longest source or target sequence (tokens) the model accepts.")
+    max_positions: int = Field(1024, ge=8, description="Rows of the position table (tokens): the longest source and the "
+                               "longest target of an encoder-decoder; decoder_only splits it (max_side_tokens).")
     norm: Literal["post", "pre"] = Field("post", description="post = paper (LayerNorm after residual add); pre = pre-norm variant.")
     activation: Literal["relu", "gelu", "swiglu"] = "relu"
     share_embeddings: bool = Field(True, description="Tie source, target and output embeddings (paper Section 3.4).")

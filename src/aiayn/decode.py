@@ -9,7 +9,8 @@ Both decoders need only this from a model (``aiayn.model.Transformer`` has it; a
 - ``new_kv_cache(batch_size, max_len) -> cache`` whose ``reorder(index (B',), *, cross=True)``
   keeps/reorders/repeats rows: the one method beams and batch shrinking use (``cross=False``
   when only beams of the same sentences move, so shared cross-attention state stays put).
-- optional ``max_positions`` (int): output lengths are capped at ``max_positions - 1``.
+- optional ``max_side_tokens`` (int, the longest target with BOS): output lengths are capped at
+  ``max_side_tokens - 1``.
 
 Conventions (shared by both decoders, fairseq's defaults):
 
@@ -73,20 +74,21 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def max_output_lengths(
-    src: torch.Tensor, *, max_len_a: float, max_len_b: int, max_positions: int | None = None
+    src: torch.Tensor, *, max_len_a: float, max_len_b: int, max_side_tokens: int | None = None
 ) -> torch.Tensor:
     """Per-sentence cap on generated tokens before EOS, ``(B,)`` long: ``int(a * src_len + b)``, >= 1.
 
-    ``src_len`` counts non-PAD tokens of ``src`` ``(B, S)``; with ``max_positions`` the cap is at most
-    ``max_positions - 1`` (BOS + ``max_len`` tokens are fed to the decoder). Raises ``ValueError`` for
+    ``src_len`` counts non-PAD tokens of ``src`` ``(B, S)``; with ``max_side_tokens`` (the model's
+    longest target, ``ModelConfig.max_side_tokens``) the cap is at most ``max_side_tokens - 1`` (BOS +
+    ``max_len`` tokens are fed to the decoder). Raises ``ValueError`` for
     negative ``max_len_a`` / ``max_len_b``.
     """
     if max_len_a < 0 or max_len_b < 0:
         raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a}, {max_len_b}")
     src_lens = src.ne(PAD_ID).sum(dim=1)  # (B,)
     max_lens = (max_len_a * src_lens.double() + max_len_b).floor().long().clamp(min=1)  # (B,)
-    if max_positions is not None:
-        max_lens = max_lens.clamp(max=max_positions - 1)
+    if max_side_tokens is not None:
+        max_lens = max_lens.clamp(max=max_side_tokens - 1)
     return max_lens
 
 
@@ -139,7 +141,7 @@ def greedy_decode(
     with _inference(model):
         memory, src_pad_mask = model.encode(src)
         max_lens = max_output_lengths(
-            src, max_len_a=max_len_a, max_len_b=max_len_b, max_positions=getattr(model, "max_positions", None)
+            src, max_len_a=max_len_a, max_len_b=max_len_b, max_side_tokens=getattr(model, "max_side_tokens", None)
         )  # (B,)
         B = src.shape[0]
         rows = torch.arange(B, device=src.device)  # (N,) original sentence of each active row
@@ -194,7 +196,7 @@ def beam_search_hypotheses(
     with _inference(model):
         memory, src_pad_mask = model.encode(src)
         max_lens = max_output_lengths(
-            src, max_len_a=max_len_a, max_len_b=max_len_b, max_positions=getattr(model, "max_positions", None)
+            src, max_len_a=max_len_a, max_len_b=max_len_b, max_side_tokens=getattr(model, "max_side_tokens", None)
         )  # (B,)
         B, device = src.shape[0], src.device
         sent = torch.arange(B, device=device)  # (N,) original sentence of each active sentence

@@ -75,7 +75,8 @@ from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 from aiayn.model.positions import sinusoid_table
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import DecodeOptions, Translator, max_source_tokens
+from aiayn.decoders import DecodeOptions
+from aiayn.translate import Translator, max_source_tokens
 
 __all__ = [
     "MarianExportError", "HF_MARIAN_DIR", "check_marian_supported", "sinusoid_permutation", "marian_config",
@@ -273,9 +274,9 @@ def export_marian(model_dir: str | Path, out_dir: str | Path, *, decode: DecodeO
 
     model_dir = Path(model_dir)
     translator = Translator.from_dir(model_dir, device="cpu")
-    cfg = translator.model.cfg
+    cfg = translator.decoder.model.cfg
     check_marian_supported(cfg)  # before any work
-    hf = marian_model(translator.model)
+    hf = marian_model(translator.decoder.model)
     meta = json.loads((model_dir / "model.json").read_text(encoding="utf-8"))
     with atomic_dir(Path(out_dir)) as out:
         hf.save_pretrained(str(out), safe_serialization=True)

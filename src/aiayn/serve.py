@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 from fastapi import Request  # runtime name: FastAPI reads the endpoint's annotation
 
-from aiayn.translate import DecodeOptions, InputError, Translator
+from aiayn.decoders import DecodeOptions
+from aiayn.translate import InputError, Translator
 
 __all__ = ["ServeConfig", "RequestLog", "LogWriteError", "MicroBatcher", "ServedModel", "create_app", "serve"]
 
@@ -289,12 +290,12 @@ class MicroBatcher:
                 units = [u for it in items for u in it.units]
                 self.observe(len(units))
                 try:
-                    ids = await loop.run_in_executor(self._executor, items[0].model.translator.translate_ids,
+                    ids = await loop.run_in_executor(self._executor, items[0].model.translator.decoder.translate_ids,
                                                      units, items[0].options)
                 except Exception:  # noqa: BLE001 - isolate: each request of the failed batch alone
                     for it in items:
                         try:
-                            one = await loop.run_in_executor(self._executor, it.model.translator.translate_ids,
+                            one = await loop.run_in_executor(self._executor, it.model.translator.decoder.translate_ids,
                                                              it.units, it.options)
                         except Exception as e:  # noqa: BLE001
                             if not it.future.done():

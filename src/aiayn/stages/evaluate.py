@@ -17,19 +17,25 @@ from typing import Any
 
 from aiayn.config import Params
 from aiayn.corpus import read_lines
+from aiayn.decoders import DecodeOptions
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.scoring import score
-from aiayn.stages import Layout
-from aiayn.tracking import Tracker
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.stages import Layout, split_reads
+from aiayn.translate import Translator
 
-__all__ = ["run"]
+__all__ = ["run", "RECORD"]
 
 log = logging.getLogger("aiayn")
 
+#: How an evaluate run is recorded: BLEU and chrF per test set are the pipeline run's headline; it
+#: reads the test splits (added by ``run``).
+RECORD = StageRecord("evaluate", headline_metrics=r"^[\w-]+\.(bleu|chrf)$")
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Translate every ``params.data.test_splits`` source file and score it against its reference.
+
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Translate every ``params.data.test_splits`` source file and score it against its reference; record
+    the scores, their signatures and the outputs into ``recorder``.
 
     Decodes on ``params.evaluate.device``; an over-long source line follows
     ``params.evaluate.long_policy`` (default ``error``: a benchmark never changes silently).
@@ -40,12 +46,12 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     """
     d, e = params.data, params.evaluate
     translator = Translator.from_dir(layout.model, device=e.device)
-    options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+    options = DecodeOptions.from_eval(e)
     metrics: dict[str, dict[str, float]] = {}
     scores: dict[str, Any] = {"decode": asdict(options) | {"long_policy": e.long_policy}, "device": str(translator.device),
                               "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
-    with Tracker("evaluate", project_root=layout.root) as tracker:
+    record = RECORD.reading(*split_reads(layout, d.test_splits, (d.src_lang, d.tgt_lang), "test"))
+    with recorder.start(record) as tracker:
         with atomic_dir(layout.eval) as out:
             for step, split in enumerate(d.test_splits):
                 sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")

@@ -8,31 +8,35 @@ the evaluate stage (same sacreBLEU settings). The bundle is deterministic bytes 
 clones, give the same ``dvc.lock`` hash), so the git commit is not in it: it goes into the card of
 the *registered* copy and the model version's tags, where it names the code that registered it.
 
-Registry (when tracking is on): the bundle is logged as an MLflow pyfunc model (input: sentences;
-output: translations), registered as ``REGISTERED_MODEL`` (env ``AIAYN_REGISTERED_MODEL``), and
-the alias ``champion`` moves to it only when its ``quantize.gate_split`` BLEU is >= the current
-champion's (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
+Registry (through the recorder ``run`` is handed; MLflow's when tracking is on): the bundle is logged
+as an MLflow pyfunc model (input: sentences; output: translations), registered as
+``REGISTERED_MODEL`` (env ``AIAYN_REGISTERED_MODEL``), and the alias ``champion`` moves to it only
+when its ``quantize.gate_split`` BLEU is >= the current champion's
+(``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
+from aiayn.bundle import EAGER, read_model_config
 from aiayn.config import Params
-from aiayn.export import EAGER, build_bundle, register_bundle
+from aiayn.decoders import DecodeOptions
+from aiayn.export import build_bundle, register_bundle
+from aiayn.lineage import dvc_data_hashes, git_commit
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
+from aiayn.settings import REGISTERED_MODEL, Settings
 from aiayn.stages import Layout
-from aiayn.tracking import Tracker, dvc_data_hashes, git_commit, register_transformers_model
-from aiayn.translate import DecodeOptions, _read_model_config, max_source_tokens
+from aiayn.translate import max_source_tokens
 
-__all__ = ["run", "REGISTERED_MODEL"]
+__all__ = ["run", "REGISTERED_MODEL", "RECORD"]
 
 log = logging.getLogger("aiayn")
 
-#: Registered model name in the MLflow Model Registry (env ``AIAYN_REGISTERED_MODEL`` overrides).
-REGISTERED_MODEL = "aiayn-en-de"
+#: How an export run is recorded: the variant, the model card, the registered version.
+RECORD = StageRecord("export")
 
 
 def _read_json(path) -> Any:
@@ -57,8 +61,9 @@ def _limits(params: Params, max_source_tokens: int) -> list[str]:
     ]
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Build ``artifacts/export`` and register it. Returns ``{variant, bundle, registered: {version, alias}|None}``.
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Build ``artifacts/export`` and register it through ``recorder``. Returns
+    ``{variant, bundle, registered: {version, alias}|None}`` (None: the recorder registered nothing).
 
     Raises ``FileNotFoundError`` when an earlier stage's output is missing and
     ``aiayn.export.BundleError`` when the chosen variant's files are incomplete.
@@ -80,10 +85,9 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
             s = report["variants"][variant]["scores"][split]
             scores[split] = {"bleu": s["bleu"], "chrf": s["chrf"], "bleu_delta_vs_float": s["bleu_delta"]} | sigs
     model_meta = _read_json(layout.model / "model.json")
-    decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                           max_len_b=e.max_len_b, max_tokens=e.max_tokens)
-    max_src = max_source_tokens(_read_model_config(layout.model / "model.json").max_side_tokens, decode)
-    name = os.environ.get("AIAYN_REGISTERED_MODEL", REGISTERED_MODEL)
+    decode = DecodeOptions.from_eval(e)
+    max_src = max_source_tokens(read_model_config(layout.model / "model.json").max_side_tokens, decode)
+    name = Settings.from_env().registered_model
     card = {
         "name": name,
         "description": f"Transformer (Vaswani et al., 2017) {d.src_lang}->{d.tgt_lang} translation model, "
@@ -117,7 +121,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         log.info("export: Hugging Face Marian folder in %s", hf_dir)
 
     registered = None
-    with Tracker("export", project_root=layout.root) as tracker:
+    with recorder.start(RECORD) as tracker:
         tracker.set_tags({"export.variant": variant})
         tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
         commit, dirty = git_commit(layout.root)
@@ -128,8 +132,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
         if registered and hf_dir is not None and params.export.mlflow_transformers:
-            hf_version = register_transformers_model(
-                tracker, hf_dir, name=f"{name}-hf", alias=registered["alias"], task=f"translation_{d.src_lang}_to_{d.tgt_lang}",
+            hf_version = tracker.register_transformers_model(
+                hf_dir, name=f"{name}-hf", alias=registered["alias"], task=f"translation_{d.src_lang}_to_{d.tgt_lang}",
                 example=["A man is riding a bicycle down the street."])
             registered["transformers"] = {"name": f"{name}-hf", "version": hf_version}
     return {"variant": variant, "bundle": str(layout.export), "registered": registered,

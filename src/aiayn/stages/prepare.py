@@ -21,6 +21,7 @@ from pathlib import Path
 from aiayn.config import Params
 from aiayn.corpus import MIRROR_ENV, CorpusError, filter_pairs, read_parallel
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
+from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout
 
 __all__ = ["run", "raw_path"]
@@ -31,8 +32,9 @@ def raw_path(layout: Layout, split: str, lang: str) -> Path:
     return layout.raw / f"{split}.{lang}.gz"
 
 
-def run(params: Params, layout: Layout) -> dict:
-    """Run the stage; return the report (also written to ``report.json``).
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict:
+    """Run the stage; return the report (also written to ``report.json``). ``recorder`` records
+    nothing of this stage (no run of its own: the report is in ``artifacts/prepared``).
 
     Raises ``CorpusError``: a raw file is missing (telling the user to run
     ``aiayn fetch``) or malformed (file + line).

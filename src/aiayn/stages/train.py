@@ -26,20 +26,19 @@ from typing import Any
 from aiayn.checkpoint import save_model
 from aiayn.config import Params
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
-from aiayn.stages import Layout
-from aiayn.tokenizer import Tokenizer, encoded_files, load_encoded
-from aiayn.tracking import Tracker
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord, StageRun
+from aiayn.stages import Layout, split_reads
+from aiayn.stages.train_job import METRICS_FILE, PARAMS_FILE, RESULT_FILE, load_train_inputs, result_from_job
 from aiayn.train import TrainResult, averaged_weights, train, validation_loss
 
-__all__ = ["run"]
+__all__ = ["run", "RECORD"]
 
 log = logging.getLogger("aiayn")
 
-
-def data_id(layout: Layout, split: str) -> str:
-    """The training data's identity in the checkpoint fingerprint: short SHA-256s of the tokenizer and encoded files."""
-    files = ["spm.model", *(p.name for p in encoded_files(layout.tokenized, split))]
-    return ",".join(sha256_file(layout.tokenized / f)[:16] for f in files)
+#: How a train run is recorded: its validation loss is the pipeline run's headline, its params are the
+#: pipeline run's, and it reads the raw corpus (plus the training and validation splits, added by ``run``).
+RECORD = StageRecord("train", headline_metrics=r"^(averaged_)?valid_(loss|ppl)$", params_on_parent=True,
+                     source_data=True)
 
 
 class _Progress:
@@ -72,7 +71,7 @@ class _Progress:
             self.bar.stop()
 
 
-def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: _Progress) -> TrainResult:
+def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress: _Progress) -> TrainResult:
     """Run ``train`` on ``params.train.nproc_per_node`` ranks through torchrun (``aiayn.stages.train_worker``).
 
     The launcher keeps the MLflow run: it forwards rank 0's metrics (``metrics.jsonl``) to
@@ -83,7 +82,6 @@ def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: 
     """
     from aiayn.distributed import torchrun_command
     from aiayn.model import Transformer
-    from aiayn.stages.train_worker import METRICS_FILE, PARAMS_FILE, RESULT_FILE
 
     job_dir = layout.checkpoints / "torchrun"
     if job_dir.exists():
@@ -131,14 +129,12 @@ def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: 
     summary = json.loads(result_path.read_text(encoding="utf-8"))
     if proc.returncode != 0 and summary["stopped_by"] != "signal":
         raise RuntimeError(f"torchrun exited with status {proc.returncode}; the ranks' errors are above")
-    return TrainResult(step=summary["step"], epoch=summary["epoch"], stopped_by=summary["stopped_by"],
-                       resumed_from=summary["resumed_from"], train_seconds=summary["train_seconds"],
-                       tokens=summary["tokens"], skipped_updates=summary["skipped_updates"],
-                       model=Transformer(params.model))
+    return result_from_job(summary, Transformer(params.model))
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``.
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``; record the
+    run (params, per-step metrics, the model folder) into ``recorder``.
 
     Returns a summary: steps, epochs, stop reason, final validation metrics,
     tokens/s. Raises ``FileNotFoundError`` if the tokenize stage has not run.
@@ -146,15 +142,13 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     cfg = params.train
     if cfg.keep_checkpoints < cfg.average_last:
         raise ValueError(f"train.keep_checkpoints={cfg.keep_checkpoints} < train.average_last={cfg.average_last}")
-    spm_path = layout.tokenized / "spm.model"
-    if not spm_path.exists():
-        raise FileNotFoundError(f"{spm_path} not found: run the tokenize stage first")
-    tokenizer = Tokenizer.load(spm_path)
-    model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
-    train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
-    valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
+    inputs = load_train_inputs(params, layout)
+    model_cfg, valid_split, spm_path = inputs.model_cfg, inputs.valid_split, inputs.spm_path
 
-    with Tracker("train", project_root=layout.root) as tracker:
+    langs = (params.data.src_lang, params.data.tgt_lang)
+    record = RECORD.reading(*split_reads(layout, [params.data.train_split], langs, "training"),
+                            *split_reads(layout, [params.data.valid_split], langs, "validation"))
+    with recorder.start(record) as tracker:
         tracker.log_params(params.to_flat_dict() | {"model.vocab_size": model_cfg.vocab_size})
         tracker.set_tags({"seed": str(cfg.seed), "data_seed": str(cfg.data_seed), "model_preset": params.model_preset})
         with _Progress(cfg.max_steps, cfg.log_every) as progress:
@@ -162,8 +156,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                 result = _train_torchrun(params.model_copy(update={"model": model_cfg}), layout, tracker, progress)
             else:
                 result = train(
-                    model_cfg, cfg, train_split, valid_split, layout.checkpoints,
-                    data_id=data_id(layout, params.data.train_split), on_metrics=tracker.log_metrics, on_step=progress,
+                    model_cfg, cfg, inputs.train_split, valid_split, layout.checkpoints,
+                    data_id=inputs.data_id, on_metrics=tracker.log_metrics, on_step=progress,
                 )
         if result.stopped_by == "signal":
             raise InterruptedError(
