@@ -239,15 +239,13 @@ def export_hf(
     """
     setup_logging()
     from aiayn.checkpoint import CheckpointError
-    from aiayn.config import Params
+    from aiayn.config import ConfigError, Params, load_params
+    from aiayn.decoders import DecodeOptions
     from aiayn.hf_marian import MarianExportError, export_marian
-    from aiayn.translate import DecodeOptions
 
     try:
         p = load_params(params) if params is not None or Path("params.yaml").is_file() else Params()
-        e = p.evaluate
-        decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                               max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+        decode = DecodeOptions.from_eval(p.evaluate)
         out = export_marian(model_dir, output, decode=decode, src_lang=p.data.src_lang, tgt_lang=p.data.tgt_lang)
     except (ConfigError, FileNotFoundError, MarianExportError, CheckpointError, ValueError) as err:
         typer.echo(f"aiayn export-hf: error: {' '.join(str(err).split())}", err=True)
