@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what every aiayn process 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face folders are read from disk only, never the hub
 if "PREFECT_HOME" not in os.environ:  # before Prefect is imported; removed when the process ends
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="aiayn-prefect-home-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
@@ -46,6 +47,7 @@ BIN = Path(sys.executable).parent
 #: Process groups under xdist: modules that share one session fixture, or must not run beside each
 #: other, run in one process, one after the other.
 SHARED_GROUPS = {"test_dvc_pipeline": "smoke-pipeline", "test_pipelines": "smoke-pipeline",
+                 "test_hf_marian": "smoke-pipeline",
                  "test_real_services": "services", "test_prefect_services": "services",
                  "test_serving_services": "services"}
 #: Groups to queue first (longest first, seconds on a 2-core host): the two processes then end together.

@@ -1,4 +1,4 @@
-"""``aiayn <verb>``: one command per pipeline stage, plus ``fetch``, ``monitor``, ``translate``, ``serve`` and ``presets``.
+"""``aiayn <verb>``: one command per pipeline stage, plus ``fetch``, ``monitor``, ``translate``, ``serve``, ``export-hf`` and ``presets``.
 
 Every stage verb calls the same ``run`` of the stage's module that ``dvc.yaml`` (through the Prefect
 flows in ``pipelines/``) runs, with the MLflow recorder. The drift monitor's verbs come from the
@@ -222,6 +222,35 @@ def translate(
     except BrokenPipeError:
         _stdout_gone()
         raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+@app.command(name="export-hf")
+def export_hf(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write (replaced atomically).")],
+    model_dir: Annotated[Path, typer.Option(help="Model bundle (model.json, model.safetensors, spm.model).")] = Path("artifacts/model"),
+    params: Annotated[Optional[Path], typer.Option("--params", "-p", help="params.yaml whose evaluate block gives the "
+                                                   "decoding defaults and data block the languages (default: "
+                                                   "./params.yaml when present, else the built-in defaults).")] = None,
+) -> None:
+    """Export the model to the Hugging Face Marian format (transformers, ct2-transformers-converter, MLflow).
+
+    The folder loads offline with ``transformers.pipeline("translation_<src>_to_<tgt>", model=DIR)``.
+    Exit status 2 with a one-line message for a missing bundle or a model Marian cannot express.
+    """
+    setup_logging()
+    from aiayn.checkpoint import CheckpointError
+    from aiayn.config import ConfigError, Params, load_params
+    from aiayn.decoders import DecodeOptions
+    from aiayn.hf_marian import MarianExportError, export_marian
+
+    try:
+        p = load_params(params) if params is not None or Path("params.yaml").is_file() else Params()
+        decode = DecodeOptions.from_eval(p.evaluate)
+        out = export_marian(model_dir, output, decode=decode, src_lang=p.data.src_lang, tgt_lang=p.data.tgt_lang)
+    except (ConfigError, FileNotFoundError, MarianExportError, CheckpointError, ValueError) as err:
+        typer.echo(f"aiayn export-hf: error: {' '.join(str(err).split())}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(out))
 
 
 @app.command()

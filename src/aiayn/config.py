@@ -14,6 +14,7 @@ is the CPU default and says where and why it deviates.
     evaluate:  EvalConfig
     quantize:  QuantizeConfig
     monitor:   MonitorConfig   (drift monitor; read by no training stage)
+    export:    ExportConfig    (extra formats the export stage writes)
 
 Errors: ``ConfigError`` (a ``ValueError``) quoting the bad key or value.
 """
@@ -37,6 +38,8 @@ __all__ = [
     "QUANT_VARIANTS",
     "MonitorConfig",
     "EMBEDDING_DRIFT_METHODS",
+    "ExportConfig",
+    "EXPORT_FORMATS",
     "Params",
     "MODEL_PRESETS",
     "model_preset",
@@ -328,6 +331,31 @@ class MonitorConfig(_Strict):
         return self
 
 
+#: What the export stage can write: ``bundle`` (the serving bundle, ``aiayn.export``; always) and
+#: ``hf-marian`` (the Hugging Face Marian folder, ``aiayn.hf_marian``, in ``artifacts/export/hf-marian``).
+EXPORT_FORMATS = ("bundle", "hf-marian")
+
+
+class ExportConfig(_Strict):
+    """Formats of the ``export`` stage. The default writes the serving bundle only."""
+
+    formats: tuple[Literal["bundle", "hf-marian"], ...] = Field(
+        ("bundle",), description="bundle (always: the registry and the service load it); hf-marian adds the Hugging "
+                                 "Face Marian folder (transformers, ct2-transformers-converter, mlflow.transformers).")
+    mlflow_transformers: bool = Field(
+        False, description="Also log the hf-marian folder with MLflow's transformers flavor and register it as "
+                           "<registered model>-hf (same alias as the bundle's version); needs hf-marian in formats.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExportConfig":
+        if "bundle" not in self.formats:
+            raise ValueError(f"export.formats={list(self.formats)} must include 'bundle' (the serving bundle is "
+                             "what the registry and the service load)")
+        if self.mlflow_transformers and "hf-marian" not in self.formats:
+            raise ValueError("export.mlflow_transformers: true needs 'hf-marian' in export.formats")
+        return self
+
+
 class Params(_Strict):
     """The whole of ``params.yaml``, resolved."""
 
@@ -339,6 +367,7 @@ class Params(_Strict):
     evaluate: EvalConfig = EvalConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     monitor: MonitorConfig = MonitorConfig()
+    export: ExportConfig = ExportConfig()
 
     def to_flat_dict(self) -> dict[str, Any]:
         """``{"train.seed": 1, ...}``: the resolved config, flattened for tracking."""
@@ -355,7 +384,7 @@ class Params(_Strict):
 def params_from_dict(raw: dict[str, Any]) -> Params:
     """Build ``Params`` from the ``params.yaml`` mapping (``model.preset`` + overrides)."""
     raw = dict(raw or {})
-    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor"}
+    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor", "export"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown params.yaml section(s) {sorted(unknown)}; expected {sorted(known)}")

@@ -131,6 +131,12 @@ class StageRun(Protocol):
         """Register the serving bundle as a version of model ``name``; returns
         ``{"version", "alias", "champion_bleu_before"}``, or None when nothing was registered."""
 
+    def register_transformers_model(self, hf_dir: str | Path, *, name: str, alias: str | None, task: str,
+                                    example: list[str]) -> str | None:
+        """Register a Hugging Face model folder (``aiayn.hf_marian``) with MLflow's ``transformers`` flavor
+        as a version of ``name`` with ``alias``; returns the version, or None when nothing was registered.
+        Raises ``FileNotFoundError`` when ``hf_dir`` has no ``config.json``."""
+
     def flush(self) -> None:
         """Send what is buffered now."""
 
@@ -247,6 +253,11 @@ class NullRun:
         self, bundle_dir: str | Path, *, name: str, variant: str, gate_split: str, bleu: float, example: list[str],
         predictor: type, tags: Mapping[str, Any] | None = None,
     ) -> None:
+        return None
+
+    def register_transformers_model(self, hf_dir: str | Path, *, name: str, alias: str | None, task: str,
+                                    example: list[str]) -> None:
+        check_file(Path(hf_dir) / "config.json", "register_transformers_model")
         return None
 
     def flush(self) -> None:

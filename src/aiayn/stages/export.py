@@ -102,7 +102,8 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
                                        if k in ("data/multi30k", "data", "artifacts/prepared", "artifacts/tokenized")}},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
-        "params": params.model_dump(mode="json", exclude={"monitor"}),
+        # (nor is the export block: it says which formats are written, not how the model was made)
+        "params": params.model_dump(mode="json", exclude={"monitor", "export"}),
         "limits": _limits(params, max_src),
         "max_source_tokens": max_src,
     }
@@ -111,6 +112,13 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
                  variant_dir=None if variant == EAGER else layout.quantized / variant,
                  compute_type=vinfo.get("compute_type"), decode=decode, card=card)
     log.info("export: %s bundle in %s (%s BLEU %.2f)", variant, layout.export, q.gate_split, scores[q.gate_split]["bleu"])
+    hf_dir = None
+    if "hf-marian" in params.export.formats:  # transformers is imported only when asked for
+        from aiayn.hf_marian import HF_MARIAN_DIR, export_marian
+
+        hf_dir = export_marian(layout.model, layout.export / HF_MARIAN_DIR, decode=decode, src_lang=d.src_lang,
+                               tgt_lang=d.tgt_lang)
+        log.info("export: Hugging Face Marian folder in %s", hf_dir)
 
     registered = None
     with recorder.start(RECORD) as tracker:
@@ -123,5 +131,11 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
             provenance={"git_commit": commit, "git_dirty": dirty})
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
-    return {"variant": variant, "bundle": str(layout.export), "registered": registered}
+        if registered and hf_dir is not None and params.export.mlflow_transformers:
+            hf_version = tracker.register_transformers_model(
+                hf_dir, name=f"{name}-hf", alias=registered["alias"], task=f"translation_{d.src_lang}_to_{d.tgt_lang}",
+                example=["A man is riding a bicycle down the street."])
+            registered["transformers"] = {"name": f"{name}-hf", "version": hf_version}
+    return {"variant": variant, "bundle": str(layout.export), "registered": registered,
+            "hf_marian": None if hf_dir is None else str(hf_dir)}
 

@@ -5,7 +5,8 @@ Registration (``register_translation``, called through a stage run's
 ``register_translation_model``): the bundle is saved as an MLflow 3 logged model (a pyfunc whose
 ``predict`` runs the predictor class the export stage passes in; this package never imports
 ``aiayn.export``) whose source run is the pipeline run, registered as a new version of the model,
-and given an alias by ``choose_alias``.
+and given an alias by ``choose_alias``. ``register_transformers`` registers the Hugging Face export
+(``aiayn.hf_marian``) with MLflow's ``transformers`` flavor beside it (opt-in: ``export.mlflow_transformers``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "translation_pyfunc_class",
     "save_translation_pyfunc",
     "register_translation",
+    "register_transformers",
     "registered_version",
     "download_registered_bundle",
 ]
@@ -160,6 +162,36 @@ def register_translation(client: Any, *, tracking_uri: str, experiment_id: str, 
     alias = choose_alias(bleu, champion_bleu)
     client.set_registered_model_alias(name, alias, mv.version)
     return {"version": str(mv.version), "alias": alias, "champion_bleu_before": champion_bleu}
+
+
+def register_transformers(client: Any, *, run_id: str, hf_dir: Path, name: str, alias: str | None, task: str,
+                          example: list[str]) -> str:
+    """Save the Hugging Face folder ``hf_dir`` with MLflow's ``transformers`` flavor (a ``task`` pipeline,
+    e.g. ``translation_en_to_de``; the folder is stored as a checkpoint path, nothing is loaded), log it
+    on run ``run_id`` under ``registered/<name>``, register a version of ``name`` and point ``alias`` at
+    it, so ``mlflow models serve -m models:/<name>@<alias>`` serves it with MLflow's stock server.
+    Returns the version; MLflow's errors propagate."""
+    from importlib.metadata import version
+
+    import mlflow.transformers
+    from mlflow.exceptions import MlflowException
+
+    reqs = [f"{pkg}=={version(pkg)}" for pkg in ("mlflow", "transformers", "tokenizers", "torch", "sentencepiece")]
+    artifact_path = f"registered/{name}"
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "transformers_model"
+        mlflow.transformers.save_model(str(hf_dir), str(local), task=task, input_example=list(example),
+                                       pip_requirements=reqs)
+        client.log_artifacts(run_id, str(local), artifact_path)
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    mv = client.create_model_version(name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id)
+    if alias:
+        client.set_registered_model_alias(name, alias, mv.version)
+    return str(mv.version)
 
 
 def registered_version(name: str, alias: str, *, tracking_uri: str) -> str:

@@ -33,7 +33,7 @@ from aiayn.recording import StageRecord, check_dir, check_file, check_key, check
 from aiayn.settings import Settings
 from aiayn.tracking.lineage import dvc_datasets, lineage_tags
 from aiayn.tracking.parent import STATE_FILE, finish_parent, resolve_parent
-from aiayn.tracking.registry import register_translation
+from aiayn.tracking.registry import register_translation, register_transformers
 from aiayn.tracking.store import (
     MAX_METRICS_PER_BATCH,
     MAX_PARAMS_TAGS_PER_BATCH,
@@ -424,3 +424,15 @@ class Tracker:
                            parent_run_id=self._parent_run_id, bundle=Path(bundle_dir), name=name, variant=variant,
                            gate_split=gate_split, bleu=float(bleu), example=list(example), predictor=predictor,
                            tags=dict(tags or {}))
+
+    def register_transformers_model(self, hf_dir: str | Path, *, name: str, alias: str | None, task: str,
+                                    example: list[str]) -> str | None:
+        """Register the Hugging Face folder ``hf_dir`` with MLflow's ``transformers`` flavor as a version of
+        ``name`` with ``alias`` (``registry.register_transformers``). Returns the version, or None when
+        tracking is off or MLflow failed (one warning; the bundle and its own version are unaffected).
+        Raises ``FileNotFoundError`` when ``hf_dir`` has no ``config.json``."""
+        check_file(Path(hf_dir) / "config.json", "register_transformers_model")
+        if not self._active:
+            return None
+        return self._guard(register_transformers, self._client, run_id=self._run_id, hf_dir=Path(hf_dir), name=name,
+                           alias=alias, task=task, example=list(example))
