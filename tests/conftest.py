@@ -141,19 +141,12 @@ def smoke_pipeline(tmp_path_factory, prefect_harness, multi30k_mirror) -> dict:
     }
     for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
         env.pop(name, None)
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID")}
-    os.environ["OMP_NUM_THREADS"] = "1"  # the stage processes DVC starts: one core each
-    for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
-        os.environ.pop(name, None)
     t0 = time.perf_counter()
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")  # the stage processes DVC starts: one core each
+        for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
+            mp.delenv(name, raising=False)
         state = pipeline(root=str(root), mirror=str(multi30k_mirror), return_state=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     seconds = time.perf_counter() - t0
     assert state.is_completed(), state.message
     return {"root": root, "env": env, "state": state, "result": state.result(), "seconds": seconds}
