@@ -218,7 +218,7 @@ def test_a_failed_prune_rolls_back_and_pruned_text_leaves_the_file(tmp_path):
     other.execute("DROP TRIGGER no_delete")  # ...and holds no lock
     other.commit()
     other.close()
-    assert rl.counts() == {"requests": 2, "sentences": 2}
+    assert rl.counts() == {"requests": 2, "sentences": 2} and rl.request_ids() == {"old": 1, "new": 1}
     assert rl.prune(30) == 1 and rl.counts() == {"requests": 1, "sentences": 1}
     assert [s.source for s in rl.latest(5)] == ["a man"]
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("log.db*"))

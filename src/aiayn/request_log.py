@@ -10,8 +10,8 @@ against the log.
   deleted text is not left in the database or its write-ahead log.
 - ``PostgresRequestLog`` (``postgresql://USER:PASSWORD@HOST:PORT/DB``, psycopg2): the log of
   several ``aiayn serve`` replicas. The tables are created under an advisory lock (replicas start
-  at once); a write whose connection dropped is retried once on a fresh connection, and a primary-key
-  conflict on that retry means the first attempt had committed, so a sentence is never logged twice.
+  at once); a write whose connection dropped is retried on another connection, and a primary-key
+  conflict on a retry means an earlier attempt had committed, so a sentence is never logged twice.
   Deleted rows stay in PostgreSQL's files until (auto)vacuum reuses their space.
 
 Schema (``ts``: Unix time, seconds)::
@@ -101,6 +101,11 @@ class RequestLog(ABC):
     @abstractmethod
     def counts(self) -> dict[str, int]:
         """``{"requests": ..., "sentences": ...}`` rows in the log. Raises ``RequestLogError``."""
+
+    @abstractmethod
+    def request_ids(self) -> dict[str, int]:
+        """Every logged request id with its number of logged sentences (checks and audits: the soak
+        benchmark, the replica test). Raises ``RequestLogError``."""
 
     @abstractmethod
     def close(self) -> None:
@@ -208,6 +213,14 @@ class SqliteRequestLog(RequestLog):
         except sqlite3.Error as e:
             raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
 
+    def request_ids(self) -> dict[str, int]:
+        try:
+            with self._lock:
+                rows = self._db.execute("SELECT request_id, count(*) FROM sentences GROUP BY request_id").fetchall()
+        except sqlite3.Error as e:
+            raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
+        return dict(rows)
+
     def close(self) -> None:
         with self._lock:
             with contextlib.suppress(sqlite3.Error):
@@ -235,7 +248,7 @@ class PostgresRequestLog(RequestLog):
     """The request log in a PostgreSQL database, shared by several service replicas (module docstring).
 
     ``url``: ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DB`` (``+psycopg2`` accepted). Connections
-    come from a small thread-safe pool (``max_connections``). Raises ``RequestLogError`` when
+    come from a small thread-safe pool (``max_connections``; more callers at once wait for one). Raises ``RequestLogError`` when
     psycopg2 is missing or the database cannot be reached.
     """
 
@@ -249,6 +262,8 @@ class PostgresRequestLog(RequestLog):
         self._pg = psycopg2
         self.location = redact(url)
         dsn = _URL.sub("postgresql://", url)
+        self._max_connections = max(1, max_connections)
+        self._slots = threading.BoundedSemaphore(self._max_connections)  # the pool raises when empty: wait instead
         try:
             self._pool = psycopg2.pool.ThreadedConnectionPool(1, max(1, max_connections), dsn,
                                                               connect_timeout=connect_timeout_s)
@@ -266,12 +281,17 @@ class PostgresRequestLog(RequestLog):
         cur.execute(_TABLES.format(real="DOUBLE PRECISION"))
 
     def _run(self, body, *, retry: bool, conflict_means_done: bool = False):
-        """``body(cursor)`` in one transaction on a pooled connection. A dropped connection is replaced
-        and, with ``retry``, the transaction run once more; with ``conflict_means_done`` a unique
-        violation on that retry means the first attempt committed. Other errors roll back and raise
-        ``LogWriteError``."""
+        """``body(cursor)`` in one transaction on a pooled connection. A dropped connection is closed
+        and, with ``retry``, the transaction run again on the next one (at most once per pooled
+        connection, plus one on a fresh connection); with ``conflict_means_done`` a unique violation on
+        a retry means an earlier attempt committed. Other errors roll back and raise ``LogWriteError``."""
+        with self._slots:
+            return self._attempts(body, retry=retry, conflict_means_done=conflict_means_done)
+
+    def _attempts(self, body, *, retry: bool, conflict_means_done: bool):
         pg = self._pg
-        for attempt in (0, 1):
+        attempts = self._max_connections + 1 if retry else 1  # after a restart every pooled connection is dead
+        for attempt in range(attempts):
             conn = None
             try:
                 conn = self._pool.getconn()
@@ -283,7 +303,7 @@ class PostgresRequestLog(RequestLog):
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         self._pool.putconn(conn, close=True)
-                if attempt or not retry:
+                if attempt == attempts - 1:
                     raise LogWriteError(f"request log {self.location}: {_line(e)}") from None
             except pg.errors.UniqueViolation as e:
                 self._pool.putconn(conn)
@@ -340,6 +360,16 @@ class PostgresRequestLog(RequestLog):
         except LogWriteError as e:
             raise RequestLogError(f"{e} (unreadable)") from None
         return {"requests": int(r), "sentences": int(s)}
+
+    def request_ids(self) -> dict[str, int]:
+        def select(cur):
+            cur.execute("SELECT request_id, count(*) FROM sentences GROUP BY request_id")
+            return cur.fetchall()
+
+        try:
+            return {rid: int(n) for rid, n in self._run(select, retry=True)}
+        except LogWriteError as e:
+            raise RequestLogError(f"{e} (unreadable)") from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
