@@ -30,6 +30,7 @@ def monitor(
     root: RootOpt = Path("."),
     out: Annotated[Optional[Path], typer.Option(help="Report folder (default: artifacts/drift/<UTC time>).")] = None,
     track: Annotated[bool, typer.Option(help="Log the check to MLflow.")] = True,
+    log_url: Annotated[Optional[str], typer.Option(help="Read the window from this PostgreSQL request log (the one `aiayn serve --log-url` replicas share; default env AIAYN_REQUEST_LOG_URL, else monitor.log_path).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole JSON summary instead of one line per test.")] = False,
 ) -> None:
     """Check production inputs for drift against the training reference (Evidently).
@@ -43,7 +44,7 @@ def monitor(
 
     try:
         summary, folder = run_check(load_params(params), Layout(root),
-                                    input_path=input_path, out_dir=out, track=track)
+                                    input_path=input_path, out_dir=out, track=track, log_url=log_url)
     except (DriftCheckError, ConfigError) as e:
         typer.echo(f"aiayn monitor: error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -10,7 +10,9 @@ two functions, so a difference between them is a difference in the text, not in 
   ``embedding_dims`` components fitted on the reference.
 
 Text is cleaned as ``aiayn translate`` cleans it (``aiayn.textio.clean_line``, whitespace runs
-collapsed), so the monitor sees what the model sees. No Evidently here: this module is cheap to
+collapsed) and normalised as the tokenizer normalises it (``Tokenizer.normalize``: NFKC for our
+models), so the monitor sees what the model sees: the same sentence in NFD and NFC gets the same
+descriptors (a decomposed accent is not a non-letter character). No Evidently here: this module is cheap to
 import and pure (numpy, sentencepiece through ``aiayn.tokenizer``, torch for the encoder).
 """
 
@@ -28,7 +30,7 @@ __all__ = ["DESCRIPTORS", "DESCRIPTOR_DOCS", "clean", "describe", "source_side_t
 
 #: Descriptor -> what it measures (units). The order is the report's.
 DESCRIPTOR_DOCS: dict[str, str] = {
-    "chars": "length in characters (after cleaning)",
+    "chars": "length in characters (after cleaning and the tokenizer's normalisation)",
     "words": "whitespace-separated words",
     "pieces": "sentencepiece pieces (the model's tokens, EOS not counted)",
     "pieces_per_word": "pieces / words: rises for words the tokenizer did not learn (other language, noise)",
@@ -60,7 +62,7 @@ def describe(sentences: Sequence[str], tokenizer, source_side: np.ndarray) -> di
     """
     if source_side.shape != (tokenizer.vocab_size,):
         raise ValueError(f"source_side has shape {source_side.shape}, the tokenizer has {tokenizer.vocab_size} pieces")
-    texts = clean(sentences)
+    texts = tokenizer.normalize(clean(sentences))
     ids = tokenizer.encode(texts)
     n = len(texts)
     chars = np.fromiter((len(t) for t in texts), dtype=np.float64, count=n)

@@ -180,6 +180,38 @@ def test_parallel_workers_decode_exactly_like_one(tok, tmp_path, beam):
         assert one == EagerDecoder(model).translate_ids(srcs, opts)
 
 
+@pytest.mark.parametrize("beam, eos", [(1, 4.0), (1, 1.0), (4, 4.0), (4, 1.0)])
+def test_n_best_scores_are_the_eager_decoder_s(tok, tmp_path, beam, eos):
+    """Issue 27: CTranslate2's n-best come with the scores our decoder gives the same tokens (the
+    model's teacher-forced log-probability, length-normalised), whether the outputs end by themselves
+    (EOS made likelier) or at their cap; the 1-best stays ``translate_ids``'s; a hypothesis both
+    decoders find gets the same number from both, within float32 rounding."""
+    model = _model(tok)
+    with torch.no_grad():
+        model.tgt_embed.weight[EOS_ID] *= eos
+    ct = _ct2(model, tok, tmp_path)
+    eager = EagerDecoder(model)
+    en, _ = _corpus(24, 4)
+    srcs = Translator(tok, eager).encode(en)
+    opts = DecodeOptions(beam_size=beam, max_len_a=1.0, max_len_b=8)
+    theirs, ours = ct.translate_hyps(srcs, opts, n_best=beam), eager.translate_hyps(srcs, opts, n_best=beam)
+    assert [h[0].tokens for h in theirs] == ct.translate_ids(srcs, opts)
+    assert all(len(h) == beam for h in theirs)
+    flat = [(i, h) for i, hyps in enumerate(theirs) for h in hyps]
+    forced = eager.score_ids([srcs[i] for i, _ in flat], [h.tokens for _, h in flat])
+    for (_, h), lps in zip(flat, forced):
+        assert h.logprob == pytest.approx(lps.sum(), abs=1e-4)
+        assert h.score == pytest.approx(lps.sum() / ((5 + len(h.tokens) + 1) / 6) ** opts.len_penalty, abs=1e-4)
+    matched = 0
+    for a, b in zip(theirs, ours):  # a hypothesis both searches found: one number
+        eager_scores = {tuple(h.tokens): h.score for h in b}
+        for h in a:
+            if tuple(h.tokens) in eager_scores:
+                assert h.score == pytest.approx(eager_scores[tuple(h.tokens)], abs=1e-4)
+                matched += 1
+    assert matched >= len(srcs)
+
+
 @pytest.mark.parametrize("field, value", [("activation", "swiglu"), ("n_kv_heads", 1), ("positions", "rope"),
                                           ("positions", "alibi"), ("norm_type", "rmsnorm"), ("arch", "decoder_only")])
 def test_unsupported_config_is_refused_naming_the_field(tok, field, value):

@@ -25,7 +25,8 @@ from aiayn.decoders import DecodeOptions  # noqa: E402
 from aiayn.export import BundlePredictor, build_bundle, sentences_from_input  # noqa: E402
 from aiayn.export import register_bundle  # noqa: E402
 from aiayn.tracking import CHALLENGER, CHAMPION, choose_alias  # noqa: E402
-from aiayn.serve import LogWriteError, MicroBatcher, RequestLog, ServeConfig, ServedModel, create_app  # noqa: E402
+from aiayn.request_log import SqliteRequestLog as RequestLog  # noqa: E402
+from aiayn.serve import LogWriteError, MicroBatcher, ServeConfig, ServedModel, create_app  # noqa: E402
 from aiayn.translate import Translator  # noqa: E402
 
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
@@ -198,6 +199,76 @@ def test_request_log_is_wal_and_a_failed_write_raises(tmp_path):
     rl.close()
 
 
+def test_a_failed_prune_rolls_back_and_pruned_text_leaves_the_file(tmp_path):
+    """Issue 27, cases 6-7 at the log's level: a prune that fails (a trigger raising on DELETE, as a
+    full disk would) is rolled back, so later writes succeed and another writer is not locked out;
+    a prune that works leaves none of the deleted text in the database or its WAL."""
+    path = tmp_path / "log.db"
+    rl = RequestLog(path, busy_timeout_ms=2000)
+    old = time.time() - 40 * 86400
+    rl.write("old", ts=old, model={}, beam_size=1, sources=["zqzq secret caption"], source_tokens=[3],
+             output_tokens=[3], outputs=["x"])
+    other = sqlite3.connect(path, timeout=2)
+    other.execute("CREATE TRIGGER no_delete BEFORE DELETE ON sentences BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    other.commit()
+    with pytest.raises(LogWriteError, match="disk full"):
+        rl.prune(30)
+    rl.write("new", ts=time.time(), model={}, beam_size=1, sources=["a man"], source_tokens=[2], output_tokens=[2],
+             outputs=["y"])  # the connection is not left inside the failed transaction
+    other.execute("DROP TRIGGER no_delete")  # ...and holds no lock
+    other.commit()
+    other.close()
+    assert rl.counts() == {"requests": 2, "sentences": 2} and rl.request_ids() == {"old": 1, "new": 1}
+    assert rl.prune(30) == 1 and rl.counts() == {"requests": 1, "sentences": 1}
+    assert [s.source for s in rl.latest(5)] == ["a man"]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("log.db*"))
+    assert b"zqzq secret caption" not in stored
+    rl.close()
+
+
+def test_the_log_is_opened_by_path_or_url_and_read_only_opens_create_nothing(tmp_path):
+    from aiayn.request_log import PostgresRequestLog, RequestLogError, open_request_log, redact
+
+    with open_request_log(f"sqlite:///{tmp_path / 'a.db'}") as rl:
+        assert isinstance(rl, RequestLog) and rl.counts() == {"requests": 0, "sentences": 0}
+    with pytest.raises(RequestLogError, match="no request log"):
+        open_request_log(tmp_path / "none.db", read_only=True)
+    assert not (tmp_path / "none.db").exists()
+    assert redact("postgresql://serving:s3cret@db:5432/serving") == "postgresql://serving:***@db:5432/serving"
+    with pytest.raises(RequestLogError) as e:  # nothing listens there: one line, no password
+        PostgresRequestLog(f"postgresql://u:s3cret@127.0.0.1:{tiny.free_port()}/x", connect_timeout_s=2)
+    assert "s3cret" not in str(e.value) and "***" in str(e.value)
+
+
+def test_a_request_whose_caller_gave_up_is_not_decoded(world):
+    tr = BundlePredictor(world["ct2"]).translator
+    model = ServedModel(tr, OPTIONS, "m", "1", "x")
+    units = tr.prepare(world["en"][:4], OPTIONS).units
+    decoded: list[int] = []
+
+    def decode(m, u, job):
+        decoded.append(len(u))
+        time.sleep(0.3)
+        return m.translator.decoder.translate_ids(u, job)
+
+    async def main():
+        b = MicroBatcher(max_batch=1, max_wait_s=0, workers=1, decode=decode)
+        b.start()
+        first = asyncio.ensure_future(b.submit(model, units[:1], OPTIONS))
+        await asyncio.sleep(0.1)  # decoding now; the next two wait in the queue
+        gone = asyncio.ensure_future(b.submit(model, units[1:3], OPTIONS))
+        kept = asyncio.ensure_future(b.submit(model, units[3:], OPTIONS))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # its client hung up
+        res = await asyncio.gather(first, kept)
+        await b.stop()
+        return res
+
+    first, kept = asyncio.run(main())
+    assert decoded == [1, 1]  # the abandoned request's two units were never decoded
+    assert first + kept == tr.decoder.translate_ids(units[:1], OPTIONS) + tr.decoder.translate_ids(units[3:], OPTIONS)
+
+
 def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world):
     tr = BundlePredictor(world["ct2"]).translator
     units = tr.prepare(world["en"][:16], OPTIONS).units
@@ -347,6 +418,26 @@ def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(shared_se
         assert count() == before  # the refused request left no row
         assert c.post("/translate", json={"sentences": ["a man"]}).status_code == 200  # still serving
     assert count() == before + 1
+
+
+def test_n_best_with_scores_and_a_score_for_every_sentence(world, shared_service):
+    s, cfg = shared_service
+    src = world["en"][:3] + [""]
+    tr = BundlePredictor(world["ct2"]).translator
+    units = tr.prepare(src, OPTIONS).units
+    want = tr.decoder.translate_hyps(units, OPTIONS, n_best=2)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        plain = c.post("/translate", json={"sentences": src}).json()
+        r = c.post("/translate", json={"sentences": src, "n_best": 2}).json()
+        too_many = c.post("/translate", json={"sentences": src, "n_best": 3})
+    assert plain["translations"] == r["translations"] == tr.translate(src, OPTIONS)  # 1-best unchanged
+    assert "nbest" not in plain and len(plain["scores"]) == 4 and plain["scores"][3] == 0.0  # blank: nothing decoded
+    assert plain["scores"][:3] == pytest.approx([h[0].score for h in want], abs=1e-6)
+    for line, hyps, text in zip(r["nbest"], want, r["translations"]):
+        assert [x["score"] for x in line] == pytest.approx([h.score for h in hyps], abs=1e-6)
+        assert line[0]["translation"] == text and len(line) == 2
+    assert r["nbest"][3] == [{"translation": "", "score": 0.0}]
+    assert too_many.status_code == 422 and "must not exceed the beam size (2)" in too_many.json()["detail"]
 
 
 def test_wrong_method_and_unknown_path_are_json_errors_and_counted(shared_service):

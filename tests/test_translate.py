@@ -433,6 +433,92 @@ def test_train_interrupt_exits_130_with_checkpoint_path(monkeypatch):
     assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
 
 
+# --------------------------------------------------------------------------- 8b. n-best, scores, interactive, serving bundle
+
+
+def test_cli_nbest_and_scores(bundle, translator):
+    src = ["A dog runs.", "", "Two men walk in the snow."]
+    data = "".join(f"{s}\n" for s in src).encode()
+    beam = DecodeOptions(beam_size=2, max_len_b=5)
+    want = next(translator.translate_prepared_nbest(translator.prepare(src, beam, long="split"), beam, n_best=2))
+    r = cli("--model-dir", str(bundle), "--beam-size", "2", "--max-len-b", "5", "--nbest", "2", "--scores", input=data)
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [int(k) for k, _, _ in rows] == [0, 0, 1, 2, 2]  # 2 hypotheses per line, one for the blank line
+    got = [(int(k), float(score), text) for k, score, text in rows]
+    expected = [(k, h.score, h.text) for k, hyps in enumerate(want) for h in hyps]
+    assert [(k, t) for k, _, t in got] == [(k, t) for k, _, t in expected]
+    assert [sc for _, sc, _ in got] == pytest.approx([sc for _, sc, _ in expected], abs=1e-6)
+    plain = cli("--model-dir", str(bundle), "--beam-size", "2", "--max-len-b", "5", input=data)
+    scored = cli("--model-dir", str(bundle), "--beam-size", "2", "--max-len-b", "5", "--scores", input=data)
+    assert [line.split("\t")[1] for line in scored.stdout.splitlines()] == plain.stdout.splitlines()
+    assert [t for k, _, t in got if k != 1][::2] == [x for x in plain.stdout.splitlines() if x]  # rank 0 = the 1-best
+    bad = cli("--model-dir", str(bundle), "--beam-size", "2", "--nbest", "3", input=data)
+    assert bad.exit_code == 2 and "--nbest 3 needs --beam-size 3 or more" in bad.stderr
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_cli_interactive_translates_each_line_as_it_is_entered(bundle, translator, terminal):
+    """A pipe kept open with --interactive, or a terminal (a pty: interactive by default): each line's
+    translation arrives before the next line is written, a bad line gets an empty line and goes on."""
+    import pty
+    import select
+
+    cmd = aiayn("translate", "--model-dir", str(bundle), "--beam-size", "1", "--max-len-b", "5",
+                *([] if terminal else ["--interactive"]))
+    if terminal:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(cmd, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        os.close(slave)
+        send = lambda b: os.write(master, b)  # noqa: E731
+    else:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        send = lambda b: (proc.stdin.write(b), proc.stdin.flush())  # noqa: E731
+
+    def line() -> str:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready, "no translation while the input stays open"
+        return proc.stdout.readline().decode()
+
+    try:
+        got = []
+        for text in ("A dog runs.", "Two men."):
+            send(f"{text}\n".encode())
+            got.append(line())
+        send(b"A m\xffan.\n")
+        got.append(line())
+        send(b"\x04" if terminal else b"")  # Ctrl-D on a terminal; else close the pipe
+        if not terminal:
+            proc.stdin.close()
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        if terminal:
+            os.close(master)
+    err = proc.stderr.read().decode()
+    assert got == [t + "\n" for t in translator.translate(["A dog runs.", "Two men."], GREEDY)] + ["\n"], err
+    assert rc == 0 and "line 3: error: <stdin line 3>: line 1, byte 3" in err, err
+    assert ("Ctrl-D ends" in err) == terminal
+
+
+def test_cli_bundle_translates_as_the_service_does(bundle, translator, tmp_path):
+    from types import SimpleNamespace
+
+    import tiny
+    from aiayn.export import BundlePredictor
+
+    ct2 = tiny.ct2_bundle(tmp_path, SimpleNamespace(model=bundle), translator.tokenizer,
+                          DecodeOptions(beam_size=2, max_len_b=5))
+    src = ["A dog runs.", "", "Two men walk in the snow."]
+    r = cli("--bundle", str(ct2), input="".join(f"{s}\n" for s in src).encode())
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == BundlePredictor(ct2).translate(src)  # the bundle's own decoding options
+    r = cli("--bundle", str(ct2), "--checkpoint", str(bundle / "model.safetensors"), input=b"A dog.\n")
+    assert r.exit_code == 2 and "exclude each other" in r.stderr
+    r = cli("--bundle", str(tmp_path / "nope"), input=b"A dog.\n")
+    assert r.exit_code == 2 and "not a serving bundle" in r.stderr
+
+
 # --------------------------------------------------------------------------- 9. property test
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "length_penalty",
     "max_output_lengths",
     "greedy_decode",
+    "greedy_decode_hypotheses",
     "beam_search",
     "beam_search_hypotheses",
 ]
@@ -137,6 +138,25 @@ def greedy_decode(
     ``use_cache=False`` recomputes the whole prefix every step (the reference path). Raises
     ``ValueError`` for a malformed ``src``.
     """
+    hyps = greedy_decode_hypotheses(model, src, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache)
+    return [h.tokens for h in hyps]
+
+
+def greedy_decode_hypotheses(
+    model: Any,
+    src: torch.Tensor,
+    *,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    use_cache: bool = True,
+    len_penalty: float = 0.6,
+) -> list[Hypothesis]:
+    """Greedy translation of ``src`` ``(B, S)`` with its score: ``B`` ``Hypothesis`` (the tokens
+    ``greedy_decode`` returns; ``logprob`` sums every chosen token's log-probability, EOS included;
+    ``score = logprob / length_penalty(len + 1, len_penalty)``, the beam search's convention).
+
+    Raises ``ValueError`` for a malformed ``src``.
+    """
     _check_src(src)
     with _inference(model):
         memory, src_pad_mask = model.encode(src)
@@ -146,8 +166,9 @@ def greedy_decode(
         B = src.shape[0]
         rows = torch.arange(B, device=src.device)  # (N,) original sentence of each active row
         tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)  # (N, t + 1)
+        logprob = torch.zeros(B, dtype=torch.float64, device=src.device)  # (N,) sum of chosen log-probabilities
         cache = model.new_kv_cache(B, int(max_lens.max()) + 1) if use_cache else None
-        out: list[list[int]] = [[] for _ in range(B)]
+        out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * B
         for step in range(int(max_lens.max()) + 1):
             if cache is not None:
                 mem, mask = (memory, src_pad_mask) if step == 0 else (None, None)
@@ -156,14 +177,15 @@ def greedy_decode(
                 logits = model.decode(tokens, memory, src_pad_mask)  # (N, t + 1, V)
             lprobs = _next_logprobs(logits, step, max_lens[rows] == step)  # (N, V)
             next_tok = lprobs.argmax(dim=-1)  # (N,)
+            logprob = logprob + lprobs.gather(1, next_tok[:, None])[:, 0].double()  # (N,)
             done = next_tok.eq(EOS_ID)  # (N,)
             if bool(done.any()):
-                for r, toks in zip(rows[done].tolist(), tokens[done, 1:].tolist()):
-                    out[r] = toks
+                for r, toks, lp in zip(rows[done].tolist(), tokens[done, 1:].tolist(), logprob[done].tolist()):
+                    out[r] = Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty), lp)
                 keep = (~done).nonzero().squeeze(1)  # (N',)
                 if keep.numel() == 0:
                     break
-                rows, tokens, next_tok = rows[keep], tokens[keep], next_tok[keep]
+                rows, tokens, next_tok, logprob = rows[keep], tokens[keep], next_tok[keep], logprob[keep]
                 if cache is not None:
                     cache.reorder(keep)
                 else:

@@ -2,7 +2,10 @@
 
 One contract for every runtime (``Decoder``): ``translate_ids(sources, options, *, batch_size=None)``
 takes ``(len,)`` int64 source arrays with EOS appended and returns the output ids (no BOS/EOS) in input
-order; ``score_ids(sources, targets)`` gives teacher-forced log-probabilities. ``EagerDecoder`` runs
+order; its sibling ``translate_hyps(sources, options, *, n_best=1, ...)`` returns, per source, the
+``n_best`` best hypotheses (``aiayn.decode.Hypothesis``: tokens, length-normalised score, log-probability),
+best first, whose first tokens are exactly ``translate_ids``'s output; ``score_ids(sources, targets)``
+gives teacher-forced log-probabilities. ``EagerDecoder`` runs
 our PyTorch model (``aiayn.decode``'s greedy/beam search); ``CT2Decoder`` a converted CTranslate2
 model. Both batch with ``sorted_batches``: sources sorted by length, then ``batch_size`` rows per
 batch, or (``batch_size=None``) as many as fit ``options.max_tokens`` padded source tokens.
@@ -28,6 +31,14 @@ How ``CT2Decoder`` reproduces each rule of ``aiayn.decode`` with CTranslate2 4.8
   with ``length_penalty=0`` CTranslate2 exits as soon as the top beam ends). The search itself is
   fairseq's (2 x beam candidates, EOS within the first ``beam`` finishes a hypothesis), so only the
   final ranking needed fixing.
+- Scores (``translate_hyps``): CTranslate2 renormalises each step's distribution over the tokens it
+  may emit (suppressed tokens, EOS at step 0), and at a sentence's cap it counts the token it chose
+  where our decoder forces EOS, so its own scores are not ours (0.2 nats apart on a 4-token output
+  of a small model). Decision: the hypotheses it returns are re-scored teacher-forced (one
+  ``score_batch`` call over them all: the model's full-softmax log-probability of the tokens + EOS,
+  what ``aiayn.decode`` sums), then ``score = logprob / ((5 + |Y|) / 6) ** alpha``. The ranking
+  stays the search's (so the 1-best is ``translate_ids``'s); an n-best list's scores may then be out
+  of order where the two conventions disagree.
 
 ``ctranslate2`` is imported when a ``CT2Decoder`` is built, so eager decoding never loads it.
 """
@@ -44,7 +55,7 @@ import torch
 
 from aiayn.batching import pad_batch
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, EvalConfig
-from aiayn.decode import beam_search, greedy_decode, length_penalty, max_output_lengths
+from aiayn.decode import Hypothesis, beam_search_hypotheses, greedy_decode_hypotheses, length_penalty, max_output_lengths
 from aiayn.tokenizer import Tokenizer
 
 __all__ = ["DecodeOptions", "Decoder", "EagerDecoder", "CT2Decoder", "sorted_batches"]
@@ -101,7 +112,16 @@ class Decoder(Protocol):
                       batch_size: int | None = None,
                       progress: Callable[[int], None] | None = None) -> list[list[int]]: ...
 
+    def translate_hyps(self, sources: list[np.ndarray], options: DecodeOptions = DecodeOptions(), *,
+                       n_best: int = 1, batch_size: int | None = None,
+                       progress: Callable[[int], None] | None = None) -> list[list[Hypothesis]]: ...
+
     def score_ids(self, sources: list[np.ndarray], targets: list[list[int]]) -> list[np.ndarray]: ...
+
+
+def _check_n_best(n_best: int, options: DecodeOptions) -> None:
+    if not 1 <= n_best <= options.beam_size:
+        raise ValueError(f"n_best must be from 1 to beam_size ({options.beam_size}), got {n_best}")
 
 
 class EagerDecoder:
@@ -121,7 +141,6 @@ class EagerDecoder:
     def max_side_tokens(self) -> int:
         return self.model.max_side_tokens
 
-    @torch.inference_mode()
     def translate_ids(
         self,
         sources: list[np.ndarray],
@@ -130,22 +149,40 @@ class EagerDecoder:
         batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> list[list[int]]:
-        """Decode source id arrays (EOS included); output ids (no BOS/EOS) in input order. Batches:
-        ``sorted_batches(sources, batch_size=batch_size, max_tokens=options.max_tokens)``, each padded
-        ``(B, S)`` on the model's device. ``progress(n)`` is called with each batch's size."""
-        results: list[list[int]] = [[] for _ in sources]
+        """Decode source id arrays (EOS included); output ids (no BOS/EOS) in input order: the best
+        hypothesis of ``translate_hyps``."""
+        hyps = self.translate_hyps(sources, options, batch_size=batch_size, progress=progress)
+        return [h[0].tokens if h else [] for h in hyps]
+
+    @torch.inference_mode()
+    def translate_hyps(
+        self,
+        sources: list[np.ndarray],
+        options: DecodeOptions = DecodeOptions(),
+        *,
+        n_best: int = 1,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """The ``n_best`` best hypotheses per source (greedy: its one), best first, in input order.
+        Batches: ``sorted_batches(sources, batch_size=batch_size, max_tokens=options.max_tokens)``, each
+        padded ``(B, S)`` on the model's device. ``progress(n)`` is called with each batch's size.
+        Raises ``ValueError`` unless ``1 <= n_best <= options.beam_size``."""
+        _check_n_best(n_best, options)
+        results: list[list[Hypothesis]] = [[] for _ in sources]
         device = self.device
         for idx in sorted_batches(sources, batch_size=batch_size, max_tokens=options.max_tokens):
             src = pad_batch([sources[i] for i in idx]).to(device)  # (B, S)
             if options.beam_size == 1:
-                hyps = greedy_decode(self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                                     use_cache=options.use_cache)
+                hyps = [[h] for h in greedy_decode_hypotheses(
+                    self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b,
+                    use_cache=options.use_cache, len_penalty=options.len_penalty)]
             else:
-                hyps = beam_search(self.model, src, beam_size=options.beam_size, len_penalty=options.len_penalty,
-                                   max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                                   use_cache=options.use_cache)
+                hyps = beam_search_hypotheses(self.model, src, beam_size=options.beam_size,
+                                              len_penalty=options.len_penalty, max_len_a=options.max_len_a,
+                                              max_len_b=options.max_len_b, use_cache=options.use_cache)
             for i, h in zip(idx, hyps):
-                results[i] = list(h)
+                results[i] = list(h[:n_best])
             if progress:
                 progress(len(idx))
         return results
@@ -222,6 +259,7 @@ class CT2Decoder:
         ).tolist()
 
     def _run(self, sources: list[np.ndarray], cap: int, beam: int, *, asynchronous: bool = False):
+        """CTranslate2's search under our rules (module docstring)."""
         return self.translator.translate_batch(
             [self._tok(s) for s in sources],
             beam_size=beam,
@@ -245,12 +283,35 @@ class CT2Decoder:
             out.append(_Hyp(ids, float(score) * len(toks), ended))  # undo score / |Y| ** 1
         return out
 
-    def _best(self, hyps: list[_Hyp], cap: int, alpha: float) -> list[int]:
+    @staticmethod
+    def _ranked(hyps: list[_Hyp], cap: int, alpha: float) -> list[_Hyp]:
+        """``hyps`` best first by our GNMT score (stable: ties keep CTranslate2's order)."""
         def gnmt(h: _Hyp) -> float:
             n = min(len(h.tokens), cap)
             return h.logprob / length_penalty(n + 1, alpha)
 
-        return min(hyps, key=lambda h: -gnmt(h)).tokens[:cap] if hyps else []
+        return sorted(hyps, key=lambda h: -gnmt(h))
+
+    def _best(self, hyps: list[_Hyp], cap: int, alpha: float) -> list[int]:
+        return self._ranked(hyps, cap, alpha)[0].tokens[:cap] if hyps else []
+
+    def _searched(self, sources: list[np.ndarray], options: DecodeOptions, batch_size: int | None):
+        """Submit every batch at once, then yield ``(idx, caps, [(source, result), ...])`` per batch in
+        submission order (``translate_ids``)."""
+        jobs = []
+        for idx in sorted_batches(sources, batch_size=batch_size, max_tokens=options.max_tokens):
+            srcs = [sources[i] for i in idx]
+            caps = self.caps(srcs, options)
+            jobs.append((idx, caps, srcs, self._run(srcs, max(caps), options.beam_size, asynchronous=True)))
+        for idx, caps, srcs, pending in jobs:
+            yield idx, caps, list(zip(srcs, (p.result() for p in pending)))
+
+    def _own_cap(self, hyps: list[_Hyp], src: np.ndarray, cap: int, beam: int) -> list[_Hyp]:
+        """A beam whose search ran past this sentence's own cap (or ended nowhere) is searched again
+        alone with its own cap (module docstring)."""
+        if beam > 1 and (any(len(h.tokens) > cap for h in hyps) or not any(h.ended for h in hyps)):
+            return self._hyps(self._run([src], cap, beam)[0])
+        return hyps
 
     # ------------------------------------------------------------------ API
 
@@ -270,26 +331,49 @@ class CT2Decoder:
         called with each batch's size as its results are collected."""
         results: list[list[int]] = [[] for _ in sources]
         beam = options.beam_size
-        jobs = []
-        for idx in sorted_batches(sources, batch_size=batch_size, max_tokens=options.max_tokens):
-            srcs = [sources[i] for i in idx]
-            caps = self.caps(srcs, options)
-            jobs.append((idx, caps, srcs, self._run(srcs, max(caps), beam, asynchronous=True)))
-        for idx, caps, srcs, pending in jobs:
-            outs = [p.result() for p in pending]
-            for i, cap, src, res in zip(idx, caps, srcs, outs):
+        for idx, caps, done in self._searched(sources, options, batch_size):
+            for i, cap, (src, res) in zip(idx, caps, done):
                 if beam == 1:
                     toks = res.hypotheses[0]
                     toks = toks[:-1] if toks and toks[-1] == self._eos else toks
                     results[i] = [self.piece_id[t] for t in toks][:cap]
                     continue
-                hyps = self._hyps(res)
-                if any(len(h.tokens) > cap for h in hyps) or not any(h.ended for h in hyps):
-                    hyps = self._hyps(self._run([src], cap, beam)[0])  # its own cap, alone
+                hyps = self._own_cap(self._hyps(res), src, cap, beam)
                 results[i] = self._best(hyps, cap, options.len_penalty)
             if progress:
                 progress(len(idx))
         return results
+
+    def translate_hyps(
+        self,
+        sources: list[np.ndarray],
+        options: DecodeOptions = DecodeOptions(),
+        *,
+        n_best: int = 1,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """The ``n_best`` best hypotheses per source (greedy: its one), in the order our ranking puts them,
+        in input order, scored as ``aiayn.decode`` scores them (module docstring: teacher-forced, one
+        ``score_batch`` call). The first hypothesis's tokens are ``translate_ids``'s output.
+        Raises ``ValueError`` unless ``1 <= n_best <= options.beam_size``."""
+        _check_n_best(n_best, options)
+        beam, alpha = options.beam_size, options.len_penalty
+        picked: list[list[list[int]]] = [[] for _ in sources]
+        for idx, caps, done in self._searched(sources, options, batch_size):
+            for i, cap, (src, res) in zip(idx, caps, done):
+                if beam == 1:
+                    toks = res.hypotheses[0]
+                    picked[i] = [[self.piece_id[t] for t in (toks[:-1] if toks and toks[-1] == self._eos else toks)][:cap]]
+                    continue
+                hyps = self._own_cap(self._hyps(res), src, cap, beam)
+                picked[i] = [h.tokens[:cap] for h in self._ranked(hyps, cap, alpha)[:n_best]]
+            if progress:
+                progress(len(idx))
+        flat = [(i, toks) for i, hyps in enumerate(picked) for toks in hyps]
+        logprobs = iter(lps.sum() for lps in self.score_ids([sources[i] for i, _ in flat], [t for _, t in flat]))
+        return [[Hypothesis(toks, lp / length_penalty(len(toks) + 1, alpha), lp)
+                 for toks, lp in ((t, float(next(logprobs))) for t in hyps)] for hyps in picked]
 
     def score_ids(self, sources: list[np.ndarray], targets: list[list[int]]) -> list[np.ndarray]:
         """Teacher-forced log-probabilities of each target token and the final EOS: ``(len + 1,)`` each."""

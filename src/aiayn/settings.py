@@ -37,6 +37,7 @@ __all__ = [
     "STAGE_ERROR_FILE_ENV",
     "PIPELINE_RUN_ENV",
     "DVC_REMOTE_ENV",
+    "REQUEST_LOG_URL_ENV",
     "REQUIRE_SERVICES_ENV",
     "TEST_STEP_SLEEP_ENV",
     "TEST_DISTRIBUTED_ENV",
@@ -63,6 +64,10 @@ STAGE_ERROR_FILE_ENV = "AIAYN_STAGE_ERROR_FILE"
 PIPELINE_RUN_ENV = "AIAYN_PIPELINE_RUN_ID"
 #: Name of the DVC remote the ``pipeline`` flow pushes to (``.dvc/config``); unset: the default.
 DVC_REMOTE_ENV = "AIAYN_DVC_REMOTE"
+#: The serving request log as a PostgreSQL URL (``postgresql://USER:PASSWORD@HOST:PORT/DB``), read by
+#: ``aiayn serve`` (unless ``--log-url``) and the drift monitor (unless ``--log-url``/``--input``):
+#: replicas share one log. Unset: the SQLite file (``--log-path`` / ``monitor.log_path``).
+REQUEST_LOG_URL_ENV = "AIAYN_REQUEST_LOG_URL"
 #: Tests: ``1`` makes a test that needs a missing service program fail instead of skip (CI).
 REQUIRE_SERVICES_ENV = "AIAYN_REQUIRE_SERVICES"
 #: Tests (``tests/ddp_worker.py``): seconds slept after each training step.
@@ -111,6 +116,8 @@ class Settings:
     pipeline_run_id: str | None = None
     #: ``DVC_REMOTE_ENV``: the DVC remote to push to, when set.
     dvc_remote: str | None = None
+    #: ``REQUEST_LOG_URL_ENV``: the shared request log, when set (holds a password: never log it).
+    request_log_url: str | None = None
     #: ``REQUIRE_SERVICES_ENV``: tests fail instead of skip without a service program.
     require_services: bool = False
     #: ``TEST_STEP_SLEEP_ENV``: seconds the test DDP worker sleeps after each step.
@@ -139,6 +146,7 @@ class Settings:
             stage_error_file=Path(error_file) if error_file else None,
             pipeline_run_id=_optional(env, PIPELINE_RUN_ENV),
             dvc_remote=_optional(env, DVC_REMOTE_ENV),
+            request_log_url=_optional(env, REQUEST_LOG_URL_ENV),
             require_services=env.get(REQUIRE_SERVICES_ENV) == "1",
             test_step_sleep=_number(env, TEST_STEP_SLEEP_ENV, "0", float),
             test_distributed=env.get(TEST_DISTRIBUTED_ENV, "ddp"),

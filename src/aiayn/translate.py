@@ -32,11 +32,12 @@ import torch
 
 from aiayn.bundle import ModelBundle
 from aiayn.config import EOS_ID, UNK_ID
+from aiayn.decode import Hypothesis, length_penalty
 from aiayn.decoders import DecodeOptions, Decoder, EagerDecoder
 from aiayn.textio import LONG_POLICIES, InputError, clean_line, output_line, split_long
 from aiayn.tokenizer import Tokenizer
 
-__all__ = ["Translator", "max_source_tokens", "PreparedInput", "InputReport", "InputError", "LONG_POLICIES"]
+__all__ = ["Translator", "max_source_tokens", "PreparedInput", "InputReport", "ScoredLine", "InputError", "LONG_POLICIES"]
 
 log = logging.getLogger("aiayn")
 
@@ -56,6 +57,16 @@ class InputReport:
     unknown_lines: int = 0
     unknown_chars: Counter = field(default_factory=Counter)
     long_lines: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScoredLine:
+    """One hypothesis of an input line: its text and ``score``, the length-normalised log-probability
+    ``log P(Y | X) / ((5 + |Y|) / 6) ** len_penalty`` (natural log; ``|Y|`` counts tokens with EOS;
+    ``aiayn.decode``); ``0.0`` for a blank line (nothing to translate)."""
+
+    text: str
+    score: float
 
 
 @dataclass
@@ -125,12 +136,14 @@ class Translator:
         return max_source_tokens(self.max_side_tokens, options)
 
     def prepare(
-        self, lines: Sequence[str], options: DecodeOptions = DecodeOptions(), *, long: str = "error"
+        self, lines: Sequence[str], options: DecodeOptions = DecodeOptions(), *, long: str = "error",
+        warn_unknown: bool = True,
     ) -> PreparedInput:
         """Clean, tokenize and size-check ``lines`` (see the module docstring for the rules).
 
-        Logs one warning when lines hold unknown characters and, under ``long="truncate"``, one per
-        truncated line. Raises ``InputError`` (a ``ValueError``) for a line over the limit under
+        Logs one warning when lines hold unknown characters, quoting up to five of them
+        (``warn_unknown=False``: none; the caller reports ``report``'s counts, as the service does, so
+        no request text reaches its log) and, under ``long="truncate"``, one per truncated line. Raises ``InputError`` (a ``ValueError``) for a line over the limit under
         ``long="error"`` (naming the first such line, its length in tokens and the limit) and
         ``ValueError`` for an unknown ``long`` policy.
         """
@@ -181,7 +194,7 @@ class Translator:
                 if p:
                     units.append(np.asarray(p[: limit - 1] + [EOS_ID], dtype=np.int64))
             spans.append((start, len(units)))
-        if report.unknown_lines:
+        if report.unknown_lines and warn_unknown:
             sample = ", ".join(repr(c) for c, _ in report.unknown_chars.most_common(5))
             log.warning("%d of %d input line(s) hold characters the tokenizer does not know (%s); they were "
                         "left out of the translation", report.unknown_lines, report.lines, sample)
@@ -205,6 +218,72 @@ class Translator:
         texts = [output_line(t) for t in self.tokenizer.decode([[i for i in h if i != UNK_ID] for h in ids])]
         return [" ".join(t for t in texts[a - first : b - first] if t) for a, b in spans]
 
+    def scored_lines(
+        self, spans: Sequence[tuple[int, int]], hyps: list[list[Hypothesis]], *, len_penalty: float, first: int = 0
+    ) -> list[list[ScoredLine]]:
+        """The n-best ``ScoredLine`` of each input line ``spans`` from its units' hypotheses (``hyps[k]``:
+        unit ``first + k``'s, best first; ``Decoder.translate_hyps``).
+
+        A line of one unit gets that unit's hypotheses with their scores. A line split into pieces gets
+        as many as its piece with the fewest: the r-th joins every piece's r-th hypothesis, scored
+        ``sum(logprob) / length_penalty(sum(len + 1), len_penalty)``. A line without units (blank)
+        gets ``[ScoredLine("", 0.0)]``. Rank 0's text is exactly ``output_lines``'s line.
+        """
+        flat = [h for unit in hyps for h in unit]
+        texts = iter(output_line(t) for t in self.tokenizer.decode([[i for i in h.tokens if i != UNK_ID] for h in flat]))
+        text_of = {id(h): next(texts) for h in flat}
+        out: list[list[ScoredLine]] = []
+        for a, b in spans:
+            units = hyps[a - first : b - first]
+            if not units or not all(units):
+                out.append([ScoredLine("", 0.0)])
+                continue
+            if len(units) == 1:
+                out.append([ScoredLine(text_of[id(h)], h.score) for h in units[0]])
+                continue
+            ranks = []
+            for r in range(min(len(u) for u in units)):
+                picked = [u[r] for u in units]
+                logprob = sum(h.logprob for h in picked)
+                length = sum(len(h.tokens) + 1 for h in picked)
+                text = " ".join(t for t in (text_of[id(h)] for h in picked) if t)
+                ranks.append(ScoredLine(text, logprob / length_penalty(length, len_penalty)))
+            out.append(ranks)
+        return out
+
+    def translate_prepared_nbest(
+        self,
+        prepared: PreparedInput,
+        options: DecodeOptions = DecodeOptions(),
+        *,
+        n_best: int = 1,
+        chunk_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Iterator[list[list[ScoredLine]]]:
+        """``translate_prepared`` with scores: per input line its ``n_best`` best ``ScoredLine``
+        (``scored_lines``; at most ``n_best``, greedy gives one), chunked the same way. Raises
+        ``ValueError`` unless ``1 <= n_best <= options.beam_size``."""
+        for first, last, spans in self._chunks(prepared, chunk_tokens):
+            hyps = self.decoder.translate_hyps(prepared.units[first:last], options, n_best=n_best)
+            yield self.scored_lines(spans, hyps, len_penalty=options.len_penalty, first=first)
+            if progress:
+                progress(len(spans))
+
+    @staticmethod
+    def _chunks(prepared: PreparedInput, chunk_tokens: int | None) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
+        """``(first unit, last unit, spans)`` of consecutive input lines holding about ``chunk_tokens``
+        source tokens each (None: one chunk)."""
+        spans, units = prepared.spans, prepared.units
+        start = 0
+        while start < len(spans):
+            end, tokens = start, 0
+            while end < len(spans) and (chunk_tokens is None or tokens < chunk_tokens or end == start):
+                a, b = spans[end]
+                tokens += sum(len(u) for u in units[a:b])
+                end += 1
+            yield spans[start][0], spans[end - 1][1], spans[start:end]
+            start = end
+
     def translate_prepared(
         self,
         prepared: PreparedInput,
@@ -219,20 +298,11 @@ class Translator:
         A chunk closes once it holds ``chunk_tokens`` source tokens (``None``: one chunk, so batches
         are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count.
         """
-        spans, units = prepared.spans, prepared.units
-        start = 0
-        while start < len(spans):
-            end, tokens = start, 0
-            while end < len(spans) and (chunk_tokens is None or tokens < chunk_tokens or end == start):
-                a, b = spans[end]
-                tokens += sum(len(u) for u in units[a:b])
-                end += 1
-            first, last = spans[start][0], spans[end - 1][1]
-            ids = self.decoder.translate_ids(units[first:last], options)
-            yield self.output_lines(spans[start:end], ids, first=first)
+        for first, last, spans in self._chunks(prepared, chunk_tokens):
+            ids = self.decoder.translate_ids(prepared.units[first:last], options)
+            yield self.output_lines(spans, ids, first=first)
             if progress:
-                progress(end - start)
-            start = end
+                progress(len(spans))
 
     def translate(
         self,
