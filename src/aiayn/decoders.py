@@ -60,13 +60,14 @@ class DecodeOptions:
     max_len_b: int = 50
     max_tokens: int = 4000  # source tokens per batch
     use_cache: bool = True  # False: recompute the whole prefix each step (reference path, benchmarks)
+    length_norm: str = "gnmt"  # beam score normalisation: gnmt ((5+|Y|)/6)**a, or fairseq |Y|**a (aiayn.decode)
 
     @classmethod
     def from_eval(cls, e: EvalConfig) -> "DecodeOptions":
         """The pipeline's decoding options: the ``evaluate`` block (used by evaluate, quantize and the
         serving bundle alike)."""
         return cls(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                   max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+                   max_len_b=e.max_len_b, max_tokens=e.max_tokens, length_norm=e.length_norm)
 
 
 def sorted_batches(sources: list[np.ndarray], *, batch_size: int | None = None, max_tokens: int = 4000) -> list[list[int]]:
@@ -143,7 +144,7 @@ class EagerDecoder:
             else:
                 hyps = beam_search(self.model, src, beam_size=options.beam_size, len_penalty=options.len_penalty,
                                    max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                                   use_cache=options.use_cache)
+                                   use_cache=options.use_cache, length_norm=options.length_norm)
             for i, h in zip(idx, hyps):
                 results[i] = list(h)
             if progress:
@@ -245,10 +246,10 @@ class CT2Decoder:
             out.append(_Hyp(ids, float(score) * len(toks), ended))  # undo score / |Y| ** 1
         return out
 
-    def _best(self, hyps: list[_Hyp], cap: int, alpha: float) -> list[int]:
+    def _best(self, hyps: list[_Hyp], cap: int, alpha: float, norm: str = "gnmt") -> list[int]:
         def gnmt(h: _Hyp) -> float:
             n = min(len(h.tokens), cap)
-            return h.logprob / length_penalty(n + 1, alpha)
+            return h.logprob / length_penalty(n + 1, alpha, norm)
 
         return min(hyps, key=lambda h: -gnmt(h)).tokens[:cap] if hyps else []
 
@@ -286,7 +287,7 @@ class CT2Decoder:
                 hyps = self._hyps(res)
                 if any(len(h.tokens) > cap for h in hyps) or not any(h.ended for h in hyps):
                     hyps = self._hyps(self._run([src], cap, beam)[0])  # its own cap, alone
-                results[i] = self._best(hyps, cap, options.len_penalty)
+                results[i] = self._best(hyps, cap, options.len_penalty, options.length_norm)
             if progress:
                 progress(len(idx))
         return results
