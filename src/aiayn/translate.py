@@ -212,12 +212,14 @@ class Translator:
         *,
         chunk_tokens: int | None = None,
         progress: Callable[[int], None] | None = None,
+        batch_progress: Callable[[int], None] | None = None,
     ) -> Iterator[list[str]]:
         """Translate ``prepared`` in chunks of consecutive input lines; yields each chunk's output lines
         in input order (concatenated: exactly one line, without line breaks or U+2047, per input line).
 
         A chunk closes once it holds ``chunk_tokens`` source tokens (``None``: one chunk, so batches
-        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count.
+        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count,
+        ``batch_progress(n)`` with each decoder batch's unit count (a progress bar inside one chunk).
         """
         spans, units = prepared.spans, prepared.units
         start = 0
@@ -228,7 +230,7 @@ class Translator:
                 tokens += sum(len(u) for u in units[a:b])
                 end += 1
             first, last = spans[start][0], spans[end - 1][1]
-            ids = self.decoder.translate_ids(units[first:last], options)
+            ids = self.decoder.translate_ids(units[first:last], options, progress=batch_progress)
             yield self.output_lines(spans[start:end], ids, first=first)
             if progress:
                 progress(end - start)
