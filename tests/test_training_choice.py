@@ -238,3 +238,51 @@ def test_budget_line_says_cut_first():
     assert budget_line("max_time_s", 1590, c).startswith("CUT by max_time_s at step 1590 of max_steps 2600")
     assert budget_line("max_steps", 2600, c) == "complete: max_steps 2600 reached"
     assert budget_line("early_stop", 1200, c, "x").startswith("complete: early stop at step 1200")
+
+
+# --- 7. Wu et al. 2021's recipe and scoring convention -------------------------------------------------------
+
+
+def test_wu2021_config_is_the_recipe_as_written():
+    from pathlib import Path
+
+    from aiayn.config import load_params
+    from aiayn.train import inverse_sqrt_lr
+
+    p = load_params(Path(__file__).resolve().parents[1] / "configs" / "multi30k_wu2021.yaml")
+    m, t, e = p.model, p.train, p.evaluate
+    assert (m.n_layers, m.d_model, m.d_ff, m.n_heads, m.dropout, m.share_embeddings) == (4, 128, 256, 4, 0.3, True)
+    peak = inverse_sqrt_lr(2000, d_model=128, warmup_steps=t.warmup_steps, lr_scale=t.lr_scale)
+    assert peak == pytest.approx(0.005, rel=1e-4)  # --lr 0.005 at --warmup-updates 2000
+    assert inverse_sqrt_lr(8000, d_model=128, warmup_steps=2000, lr_scale=t.lr_scale) == pytest.approx(
+        0.005 * (2000 / 8000) ** 0.5, rel=1e-4)  # fairseq's inverse_sqrt decay
+    assert (t.max_steps, t.max_tokens, t.grad_accum, t.max_time_s) == (8000, 4096, 2, None)  # 2 GPUs x 4096 tokens
+    assert (t.early_stop.metric, t.early_stop.patience, t.epoch_checkpoints, t.average_last) == ("valid_loss", 10, True, 10)
+    assert (e.beam_size, e.len_penalty, e.length_norm, e.moses_bleu) == (5, 1.0, "fairseq", True)
+
+
+def test_fairseq_length_normalisation_is_a_knob_with_the_paper_as_default():
+    from aiayn.config import EvalConfig
+    from aiayn.decode import length_penalty
+
+    assert EvalConfig().length_norm == "gnmt" and DecodeOptions().length_norm == "gnmt"
+    assert length_penalty(4, 1.0, "fairseq") == 4.0 and length_penalty(4, 0.6) == pytest.approx((9 / 6) ** 0.6)
+    with pytest.raises(ValueError, match="length_norm"):
+        length_penalty(4, 1.0, "other")
+
+
+def test_moses_bleu_is_their_tokenization_of_lowercased_text():
+    from aiayn.moses_bleu import lc_norm_tok, score_moses
+
+    line = "Ein Mann „sitzt“ auf dem Stuhl & isst 3,5 Äpfel."
+    assert lc_norm_tok([line], "de") == ['ein mann &quot; sitzt &quot; auf dem stuhl &amp; isst 3,5 äpfel .']
+    refs = ["Ein Hund rennt über die Wiese.", "Zwei Kinder spielen im Sand."]
+    same = score_moses(["EIN HUND rennt über die Wiese .", "Zwei Kinder spielen im Sand."], refs, "de")
+    assert same["bleu_moses_lc_tok"] == pytest.approx(100.0)  # case and tokenization no longer matter
+    assert "tok:none" in same["bleu_moses_lc_tok_signature"] and "refs:derived-sacremoses" in same["bleu_moses_lc_tok_signature"]
+    given = score_moses(["ein hund rennt .", "zwei kinder ."], refs, "de", tokenized_references=lc_norm_tok(refs, "de"))
+    derived = score_moses(["ein hund rennt .", "zwei kinder ."], refs, "de")
+    assert given["bleu_moses_lc_tok"] == derived["bleu_moses_lc_tok"] < 100
+    assert "refs:dataset-lc.norm.tok" in given["bleu_moses_lc_tok_signature"]
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        score_moses(["a", "b"], ["a"], "de", tokenized_references=["a"])
