@@ -23,7 +23,8 @@ One run of this flow is one pipeline run:
    without a remote is *reported, not fatal*: the
    report says "not pushed" with DVC's reason. (The project's ``.dvc/config`` is where a
    remote belongs, e.g. ``dvc remote add -d local ../.dvc-remote``; this flow never edits it.)
-5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``): BLEU / chrF /
+5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``), whose FIRST line says when
+   training was cut by the clock or a signal (``artifacts/train_metrics.json`` ``budget``): BLEU / chrF /
    lowercased-tokenized BLEU per test set with their sacreBLEU signatures
    (``artifacts/eval_metrics.json``, ``artifacts/eval/scores.json``), the MLflow run
    link, the raw data hash (``data.dvc`` / ``dvc.lock``), the stages DVC ran and the push result.
@@ -200,15 +201,23 @@ def render_report(
     ran: list[str],
     push: dict[str, Any] | None,
     title: str = "aiayn pipeline run",
+    training: dict[str, Any] | None = None,
 ) -> str:
     """Markdown for the pipeline report (pure function of its inputs).
 
     ``metrics``: ``{split: {"bleu", "chrf", "bleu_lc_tok"}}`` (0-100, sacreBLEU);
     ``scores``: ``artifacts/eval/scores.json`` (``{split: {..., "bleu_signature", ...}}``);
     ``data_hashes``: ``{path: dvc md5}`` or why they are unavailable; ``data_status``: the
-    ``dvc_cache_data`` result; ``push``: the ``dvc_push`` result or None (skipped).
+    ``dvc_cache_data`` result; ``push``: the ``dvc_push`` result or None (skipped); ``training``:
+    ``artifacts/train_metrics.json`` (its ``budget`` line opens the report: a run cut by the clock or a
+    signal says so before anything else, since its scores are not the configured model's).
     """
-    lines = [f"# {title}", ""]
+    budget = (training or {}).get("budget")
+    lines = [f"> **WARNING: training {budget}**", ""] if budget and budget.startswith("CUT") else []
+    lines += [f"# {title}", ""]
+    if budget:
+        lines += [f"Training: {budget}" + (f"; model: {_selection_text(training)}" if training.get("selection") else ""),
+                  ""]
     if metrics:
         lines += ["| test set | BLEU | chrF | BLEU (lc, tok) |", "|---|---:|---:|---:|"]
         for split, m in metrics.items():
@@ -241,6 +250,12 @@ def render_report(
     else:
         lines.append(f"- DVC remote `{push['remote']}`: pushed {push['pushed']} file(s)")
     return "\n".join(lines) + "\n"
+
+
+def _selection_text(training: dict[str, Any]) -> str:
+    sel = training["selection"]
+    what = "a single checkpoint" if sel.get("kind") == "single" else "an average of checkpoints"
+    return f"{what} ({sel.get('method')}{', replaced by the validated choice' if sel.get('replaced') else ''})"
 
 
 @task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
@@ -284,6 +299,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             ran=ran,
             push=pushed,
             title=f"aiayn pipeline run {runtime.flow_run.name}",
+            training=_read_json(layout.train_metrics),
         )
         artifact_id = publish_report(markdown)
         parent_run_id = tracker.parent_run_id

@@ -29,6 +29,7 @@ CANNOT_CHANGE_AN_OUTPUT = {
     "aiayn/io.py": "atomic file writing: how bytes reach the disk, not which bytes",
     "aiayn/retry.py": "which download errors are retried; a retried download is verified by SHA-256",
     "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",
+    "aiayn/progress.py": "the progress bar and ETA log lines a stage shows: the terminal and the log, never a file",
     "monitoring/__init__.py": "package marker (a docstring)",
 }
 

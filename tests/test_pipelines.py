@@ -522,3 +522,17 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
     assert len(final) == 1 and "checkpoint saved in" in final[0], out[-3000:]
     assert list((smoke_root / "artifacts" / "checkpoints").glob("ckpt_*.json"))
     shutil.rmtree(smoke_root / "artifacts" / "checkpoints")
+
+
+def test_render_report_opens_with_a_cut_budget():
+    """Issue 25: a run cut by the clock says so in the report's first line; a complete one says how it ended."""
+    from pipelines.pipeline import render_report
+
+    common = dict(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=[], push=None)
+    cut = {"budget": "CUT by max_time_s at step 1590 of max_steps 2600: training did not finish",
+           "selection": {"kind": "single", "method": "average_last", "replaced": True}}
+    md = render_report(**common, training=cut)
+    assert md.splitlines()[0] == "> **WARNING: training CUT by max_time_s at step 1590 of max_steps 2600: training did not finish**"
+    assert "a single checkpoint (average_last, replaced by the validated choice)" in md
+    md = render_report(**common, training={"budget": "complete: max_steps 2600 reached"})
+    assert md.splitlines()[0].startswith("# ") and "Training: complete: max_steps 2600 reached" in md

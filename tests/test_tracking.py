@@ -597,3 +597,69 @@ def test_dvc_experiment_copies_track_into_the_projects_store(tmp_path: Path, mon
     assert resolve_tracking_uri(project) == f"sqlite:///{(project / 'mlflow.db').as_posix()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")  # an explicit store still wins
     assert resolve_tracking_uri(copy) == "http://tracking:5000"
+
+
+# ----------------------------------------------------------------- issue 25: a pipeline run readable at a glance
+
+
+def test_pipeline_writes_do_not_make_a_fresh_clone_dirty(tmp_path: Path) -> None:
+    """A clone-like repository: what `make run` writes (dvc.lock rewritten, artifacts/, .aiayn/, mlflow.db,
+    even when git tracks them) is not the user's code; an edit to the code or params is."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    for rel, text in (("dvc.lock", "schema: '2.0'\n"), ("params.yaml", "train: {}\n"), ("src/aiayn/x.py", "x = 1\n"),
+                      ("artifacts/model/model.json", "{}\n")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")  # dvc repro rewrote the lock
+    (tmp_path / "artifacts" / "model" / "model.json").write_text('{"step": 1}\n')
+    (tmp_path / ".aiayn").mkdir()
+    (tmp_path / ".aiayn" / "pipeline_run.json").write_text("{}")
+    (tmp_path / "mlflow.db").write_text("db")
+    commit, dirty = git_commit(tmp_path)
+    assert commit and not dirty
+    assert tracking.git_tags(tmp_path)["git.dirty"] == "false"
+    (tmp_path / "params.yaml").write_text("train: {max_steps: 3}\n")
+    assert git_commit(tmp_path)[1] is True
+    subprocess.run([*git, "checkout", "-q", "params.yaml"], check=True)
+    (tmp_path / "src" / "aiayn" / "x.py").write_text("x = 2\n")
+    assert git_commit(tmp_path)[1] is True
+
+
+def test_only_data_hashes_are_tags_all_hashes_are_one_artifact(tmp_path: Path, store, client: MlflowClient) -> None:
+    (tmp_path / "dvc.lock").write_text(DVC_LOCK)
+    (tmp_path / "data.dvc").write_text(DATA_DVC)
+    with _tracker("train", tmp_path, store) as t:
+        parent_id = t.parent_run_id
+    tags = client.get_run(parent_id).data.tags
+    hashed = {k for k in tags if k.startswith("data_hash.")}
+    assert hashed == {"data_hash.data/multi30k", "data_hash.artifacts/prepared", "data_hash.artifacts/tokenized"}
+    assert tags["data.version"] == "5555eeee.dir"  # the corpus version data.dvc names
+    local = client.download_artifacts(parent_id, "lineage/dvc_hashes.json", str(tmp_path / "dl"))
+    assert json.loads(Path(local).read_text())["src/aiayn/stages/prepare.py"] == "2222bbbb"  # code: in the artifact
+
+
+def test_the_pipeline_run_description_opens_with_the_budget(tmp_path: Path, store, client: MlflowClient) -> None:
+    """A run cut by the clock says so in the pipeline run's first description line and in a tag; the
+    description carries the headline scores, the model choice and the data version."""
+    (tmp_path / "data.dvc").write_text(DATA_DVC)
+    with _tracker("train", tmp_path, store) as t:
+        t.log_metrics({"averaged_valid_loss": 3.26, "averaged_valid_bleu": 30.1}, step=1590)
+        t.set_tags({"train.budget": "CUT by max_time_s at step 1590 of max_steps 2600: training did not finish",
+                    "train.budget_cut": "max_time_s", "train.stopped_by": "max_time_s", "train.stop_step": 1590,
+                    "train.selection": "step 1590 (valid_loss 3.2610)", "seed": "1"})
+        parent_id = t.parent_run_id
+    with _tracker("evaluate", tmp_path, store) as e:
+        e.log_metrics({"test_2016_flickr.bleu": 31.5, "test_2016_flickr.chrf": 55.0}, step=0)
+    run = client.get_run(parent_id).data
+    assert run.tags["train.budget_cut"] == "max_time_s" and "seed" not in run.tags  # headline tags only
+    text = run.tags["mlflow.note.content"]
+    first = text.splitlines()[0]
+    assert first.startswith("**WARNING: training CUT by max_time_s at step 1590")
+    assert "| test_2016_flickr | 31.50 | 55.00 |" in text and "averaged_valid_bleu 30.1" in text
+    assert "Model: step 1590" in text and "`5555eeee.dir`" in text
+    assert tracking.parent.describe_pipeline({}, {"train.budget": "complete: max_steps 2600 reached",
+                                                  "train.stopped_by": "max_steps", "train.stop_step": "2600"}
+                                             ).startswith("Training complete: max_steps 2600 reached")

@@ -73,6 +73,9 @@ _project_commands()
 def fetch(
     mirror: Annotated[Optional[Path], typer.Option(help="Copy from this folder instead of downloading (env AIAYN_DATA_MIRROR).")] = None,
     root: RootOpt = Path("."),
+    tok_references: Annotated[bool, typer.Option(
+        help="Also download the dataset's lowercased, Moses-tokenized test references (data/multi30k/tok/, "
+             "fairseq/Wu et al. 2021 BLEU: evaluate.moses_bleu); needs the internet.")] = False,
 ) -> None:
     """Download (or copy from a mirror) the Multi30k corpus into data/multi30k, verifying SHA-256."""
     setup_logging()
@@ -80,6 +83,13 @@ def fetch(
 
     try:
         summary = fetch_stage.run(Layout(root), mirror=mirror)
+        if tok_references:
+            from aiayn.config import load_params
+            from aiayn.moses_bleu import fetch_tok_references
+
+            d = load_params(Path(root) / "params.yaml").data
+            got = fetch_tok_references(Layout(root).raw, d.test_splits, (d.tgt_lang,))
+            summary["tok_references"] = [p.name for p in got]
     except (OSError, ValueError) as e:
         typer.echo(f"aiayn fetch: error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -27,6 +27,9 @@ Beam score (Wu et al. 2016, GNMT, eq. 14, used by the paper in Sec. 6.1 with alp
 
     score(Y) = log P(Y | X) / lp(Y),   lp(Y) = ((5 + |Y|) / 6) ** len_penalty
 
+or, with ``length_norm="fairseq"`` (fairseq's ``SequenceGenerator`` ``--lenpen``; 1.0 = the mean
+log-probability per token), ``lp(Y) = |Y| ** len_penalty``.
+
 where ``log P`` sums the log-probabilities of every generated token including EOS and ``|Y|``
 counts the generated tokens including EOS (BOS excluded). No coverage penalty (beta = 0).
 
@@ -69,9 +72,15 @@ class Hypothesis:
     logprob: float
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al. 2016, eq. 14); ``length`` in tokens incl. EOS."""
-    return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length: int, alpha: float, norm: str = "gnmt") -> float:
+    """Length penalty of a hypothesis of ``length`` tokens incl. EOS: ``norm="gnmt"``: ``((5 + length) / 6) ** alpha``
+    (Wu et al. 2016, eq. 14); ``norm="fairseq"``: ``length ** alpha`` (fairseq's ``--lenpen``). Raises ``ValueError``
+    for another ``norm``."""
+    if norm == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if norm == "fairseq":
+        return float(length) ** alpha
+    raise ValueError(f"unknown length_norm {norm!r}: use gnmt or fairseq")
 
 
 def max_output_lengths(
@@ -150,14 +159,16 @@ def greedy_decode_hypotheses(
     max_len_b: int = 50,
     use_cache: bool = True,
     len_penalty: float = 0.6,
+    length_norm: str = "gnmt",
 ) -> list[Hypothesis]:
     """Greedy translation of ``src`` ``(B, S)`` with its score: ``B`` ``Hypothesis`` (the tokens
     ``greedy_decode`` returns; ``logprob`` sums every chosen token's log-probability, EOS included;
-    ``score = logprob / length_penalty(len + 1, len_penalty)``, the beam search's convention).
+    ``score = logprob / length_penalty(len + 1, len_penalty, length_norm)``, the beam search's convention).
 
-    Raises ``ValueError`` for a malformed ``src``.
+    Raises ``ValueError`` for a malformed ``src`` or an unknown ``length_norm``.
     """
     _check_src(src)
+    length_penalty(1, len_penalty, length_norm)  # raises for an unknown norm before any work
     with _inference(model):
         memory, src_pad_mask = model.encode(src)
         max_lens = max_output_lengths(
@@ -181,7 +192,7 @@ def greedy_decode_hypotheses(
             done = next_tok.eq(EOS_ID)  # (N,)
             if bool(done.any()):
                 for r, toks, lp in zip(rows[done].tolist(), tokens[done, 1:].tolist(), logprob[done].tolist()):
-                    out[r] = Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty), lp)
+                    out[r] = Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty, length_norm), lp)
                 keep = (~done).nonzero().squeeze(1)  # (N',)
                 if keep.numel() == 0:
                     break
@@ -203,15 +214,17 @@ def beam_search_hypotheses(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     use_cache: bool = True,
+    length_norm: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """Beam search over ``src`` ``(B, S)``; per sentence, every finished ``Hypothesis``, best score first.
 
     All sentences x beams live in one batch. The first step runs once per sentence (every beam
     would be identical), so cross-attention keys/values are computed once per source; the cache
     is then expanded to ``beam_size`` rows per sentence by ``reorder``. Raises ``ValueError``
-    for ``beam_size < 1``, ``2 * beam_size`` > vocabulary, or a malformed ``src``.
+    for ``beam_size < 1``, ``2 * beam_size`` > vocabulary, a malformed ``src`` or an unknown ``length_norm``.
     """
     _check_src(src)
+    length_penalty(1, len_penalty, length_norm)  # raises for an unknown norm before any work
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     K = beam_size
@@ -252,7 +265,7 @@ def beam_search_hypotheses(
                 fin_lp = top_scores[n, r].tolist()
                 for s, toks, lp in zip(sent[n].tolist(), tokens[fin_rows, 1:].tolist(), fin_lp):
                     if len(finished[s]) < K:
-                        finished[s].append(Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty), lp))
+                        finished[s].append(Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty, length_norm), lp))
 
             # Continuing beams: the first K non-EOS extensions (stable sort keeps score order).
             order = torch.sort(is_eos.to(torch.int32), dim=1, stable=True).indices[:, :K]  # (N, K)
@@ -286,6 +299,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     use_cache: bool = True,
+    length_norm: str = "gnmt",
 ) -> list[list[int]]:
     """Best beam hypothesis per sentence of ``src`` ``(B, S)``: ``B`` token lists without BOS/EOS.
 
@@ -293,6 +307,6 @@ def beam_search(
     """
     hyps = beam_search_hypotheses(
         model, src, beam_size=beam_size, len_penalty=len_penalty,
-        max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
+        max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache, length_norm=length_norm,
     )  # fmt: skip
     return [h[0].tokens if h else [] for h in hyps]

@@ -71,13 +71,14 @@ class DecodeOptions:
     max_len_b: int = 50
     max_tokens: int = 4000  # source tokens per batch
     use_cache: bool = True  # False: recompute the whole prefix each step (reference path, benchmarks)
+    length_norm: str = "gnmt"  # beam score normalisation: gnmt ((5+|Y|)/6)**a, or fairseq |Y|**a (aiayn.decode)
 
     @classmethod
     def from_eval(cls, e: EvalConfig) -> "DecodeOptions":
         """The pipeline's decoding options: the ``evaluate`` block (used by evaluate, quantize and the
         serving bundle alike)."""
         return cls(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                   max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+                   max_len_b=e.max_len_b, max_tokens=e.max_tokens, length_norm=e.length_norm)
 
 
 def sorted_batches(sources: list[np.ndarray], *, batch_size: int | None = None, max_tokens: int = 4000) -> list[list[int]]:
@@ -176,11 +177,13 @@ class EagerDecoder:
             if options.beam_size == 1:
                 hyps = [[h] for h in greedy_decode_hypotheses(
                     self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                    use_cache=options.use_cache, len_penalty=options.len_penalty)]
+                    use_cache=options.use_cache, len_penalty=options.len_penalty,
+                    length_norm=options.length_norm)]
             else:
                 hyps = beam_search_hypotheses(self.model, src, beam_size=options.beam_size,
                                               len_penalty=options.len_penalty, max_len_a=options.max_len_a,
-                                              max_len_b=options.max_len_b, use_cache=options.use_cache)
+                                              max_len_b=options.max_len_b, use_cache=options.use_cache,
+                                              length_norm=options.length_norm)
             for i, h in zip(idx, hyps):
                 results[i] = list(h[:n_best])
             if progress:
@@ -284,16 +287,16 @@ class CT2Decoder:
         return out
 
     @staticmethod
-    def _ranked(hyps: list[_Hyp], cap: int, alpha: float) -> list[_Hyp]:
-        """``hyps`` best first by our GNMT score (stable: ties keep CTranslate2's order)."""
+    def _ranked(hyps: list[_Hyp], cap: int, alpha: float, norm: str = "gnmt") -> list[_Hyp]:
+        """``hyps`` best first by our score (``length_norm`` ``norm``; stable: ties keep CTranslate2's order)."""
         def gnmt(h: _Hyp) -> float:
             n = min(len(h.tokens), cap)
-            return h.logprob / length_penalty(n + 1, alpha)
+            return h.logprob / length_penalty(n + 1, alpha, norm)
 
         return sorted(hyps, key=lambda h: -gnmt(h))
 
-    def _best(self, hyps: list[_Hyp], cap: int, alpha: float) -> list[int]:
-        return self._ranked(hyps, cap, alpha)[0].tokens[:cap] if hyps else []
+    def _best(self, hyps: list[_Hyp], cap: int, alpha: float, norm: str = "gnmt") -> list[int]:
+        return self._ranked(hyps, cap, alpha, norm)[0].tokens[:cap] if hyps else []
 
     def _searched(self, sources: list[np.ndarray], options: DecodeOptions, batch_size: int | None):
         """Submit every batch at once, then yield ``(idx, caps, [(source, result), ...])`` per batch in
@@ -339,7 +342,7 @@ class CT2Decoder:
                     results[i] = [self.piece_id[t] for t in toks][:cap]
                     continue
                 hyps = self._own_cap(self._hyps(res), src, cap, beam)
-                results[i] = self._best(hyps, cap, options.len_penalty)
+                results[i] = self._best(hyps, cap, options.len_penalty, options.length_norm)
             if progress:
                 progress(len(idx))
         return results
@@ -367,12 +370,12 @@ class CT2Decoder:
                     picked[i] = [[self.piece_id[t] for t in (toks[:-1] if toks and toks[-1] == self._eos else toks)][:cap]]
                     continue
                 hyps = self._own_cap(self._hyps(res), src, cap, beam)
-                picked[i] = [h.tokens[:cap] for h in self._ranked(hyps, cap, alpha)[:n_best]]
+                picked[i] = [h.tokens[:cap] for h in self._ranked(hyps, cap, alpha, options.length_norm)[:n_best]]
             if progress:
                 progress(len(idx))
         flat = [(i, toks) for i, hyps in enumerate(picked) for toks in hyps]
         logprobs = iter(lps.sum() for lps in self.score_ids([sources[i] for i, _ in flat], [t for _, t in flat]))
-        return [[Hypothesis(toks, lp / length_penalty(len(toks) + 1, alpha), lp)
+        return [[Hypothesis(toks, lp / length_penalty(len(toks) + 1, alpha, options.length_norm), lp)
                  for toks, lp in ((t, float(next(logprobs))) for t in hyps)] for hyps in picked]
 
     def score_ids(self, sources: list[np.ndarray], targets: list[list[int]]) -> list[np.ndarray]:

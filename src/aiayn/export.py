@@ -105,11 +105,19 @@ def register_bundle(tracker, bundle: str | Path, *, name: str, variant: str, gat
 
 
 def render_card(card: dict[str, Any]) -> str:
-    """The model card as markdown (same facts as ``model_card.json``)."""
-    lines = [f"# {card['name']} — {card['variant']}", "",
-             f"{card['description']}", "",
-             "## Quality (sacreBLEU, detokenized, cased)", "",
-             "| test set | BLEU | chrF | BLEU signature |", "|---|---:|---:|---|"]
+    """The model card as markdown (same facts as ``model_card.json``). Its first line says so when training was cut
+    by the clock or a signal (``card["training"]["budget"]``)."""
+    training = card.get("training") or {}
+    budget = training.get("budget")
+    lines = [f"> **WARNING: training {budget}**", ""] if budget and budget.startswith("CUT") else []
+    lines += [f"# {card['name']} — {card['variant']}", "",
+              f"{card['description']}", ""]
+    if budget:
+        lines += [f"Training: {budget} (stopped by {training.get('stopped_by')} at step {training.get('step')})."]
+        lines += [f"- model choice: {note}" for note in training.get("selection", [])]
+        lines += [""]
+    lines += ["## Quality (sacreBLEU, detokenized, cased)", "",
+              "| test set | BLEU | chrF | BLEU signature |", "|---|---:|---:|---|"]
     for split, s in card["scores"].items():
         lines.append(f"| {split} | {s['bleu']:.2f} | {s['chrf']:.2f} | `{s.get('bleu_signature', '')}` |")
     lines += ["", "## Provenance", ""]

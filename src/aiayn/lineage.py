@@ -16,15 +16,26 @@ from typing import Any
 
 import yaml
 
-__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5"]
+__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "PIPELINE_WRITES",
+           "is_code_path", "data_version"]
+
+#: What the pipeline itself writes inside a project (git pathspecs): a ``dvc repro`` rewrites ``dvc.lock``, the
+#: stages write ``artifacts/``, tracking keeps its state in ``.aiayn/`` (and the default stores). None of it is the
+#: user's code, so none of it makes the work tree "dirty" (``git_commit``).
+PIPELINE_WRITES = ("dvc.lock", "artifacts", ".aiayn", "mlflow.db", "mlruns", "data", "serving", ".dvc-remote")
+
+#: Folders of the project's code: their DVC hashes are the git commit's business, not the data's.
+_CODE_ROOTS = ("src", "monitoring", "pipelines", "benchmarks", "tests")
 
 
-def git_commit(project_root: str | Path) -> tuple[str | None, bool]:
+def git_commit(project_root: str | Path, *, ignore: tuple[str, ...] = PIPELINE_WRITES) -> tuple[str | None, bool]:
     """``(HEAD commit sha, dirty)`` of the git work tree holding ``project_root``.
 
     ``dirty`` is True when tracked files differ from HEAD (untracked files are
-    ignored: they are not part of any commit). ``(None, False)`` outside a git
-    work tree or without a ``git`` executable. Never raises.
+    ignored: they are not part of any commit), except the paths in ``ignore`` (git
+    pathspecs relative to ``project_root``; default ``PIPELINE_WRITES``: what the pipeline
+    itself writes, e.g. the ``dvc.lock`` of a fresh clone's first run). ``(None, False)``
+    outside a git work tree or without a ``git`` executable. Never raises.
     """
 
     def _git(*args: str) -> str | None:
@@ -43,7 +54,7 @@ def git_commit(project_root: str | Path) -> tuple[str | None, bool]:
     head = _git("rev-parse", "--verify", "HEAD")
     if head is None:
         return None, False
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":/", *(f":(exclude){p}" for p in ignore))
     return head.strip(), bool(status and status.strip())
 
 
@@ -152,3 +163,16 @@ def file_md5(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def is_code_path(path: str) -> bool:
+    """Whether a project-relative POSIX path (a ``dvc.lock`` dep) is the project's code (a ``.py`` file or a path
+    under a code folder) rather than data or a stage's output."""
+    return path.endswith(".py") or path.split("/", 1)[0] in _CODE_ROOTS
+
+
+def data_version(hashes: dict[str, str]) -> str | None:
+    """The raw data's version from ``dvc_data_hashes``: the hash of the first path under ``data/`` (``data.dvc``'s
+    corpus), None when there is none."""
+    raw = sorted(p for p in hashes if p == "data" or p.startswith("data/"))
+    return hashes[raw[0]] if raw else None

@@ -73,6 +73,8 @@ class StageRecord:
         stage: the run's name and its ``aiayn.stage`` tag (MLflow key characters).
         headline_metrics: regular expression (``re.match``) of the metric names also logged on the
             pipeline (parent) run, so pipeline runs compare on one row each; None: none.
+        headline_tags: the same for tag keys (e.g. how training stopped): also set on the pipeline run,
+            whose description (``mlflow.note.content``) they and the headline metrics make up.
         params_on_parent: the stage's params are also the pipeline run's (the first stage to log a
             key there wins: MLflow params are immutable).
         source_data: the DVC-tracked raw data (each top-level ``*.dvc`` file's output) is one of
@@ -82,11 +84,12 @@ class StageRecord:
 
     Raises:
         ValueError: ``stage`` is empty or has characters MLflow refuses in a key, or
-            ``headline_metrics`` is not a valid regular expression.
+            ``headline_metrics`` / ``headline_tags`` is not a valid regular expression.
     """
 
     stage: str
     headline_metrics: str | None = None
+    headline_tags: str | None = None
     params_on_parent: bool = False
     source_data: bool = False
     datasets: tuple[DatasetRead, ...] = ()
@@ -95,11 +98,13 @@ class StageRecord:
     def __post_init__(self) -> None:
         if not self.stage or not isinstance(self.stage, str) or not _KEY_RE.match(self.stage):
             raise ValueError(f"invalid stage name {self.stage!r}")
-        if self.headline_metrics is not None:
-            try:
-                re.compile(self.headline_metrics)
-            except re.error as e:
-                raise ValueError(f"headline_metrics {self.headline_metrics!r}: not a regular expression: {e}") from None
+        for name in ("headline_metrics", "headline_tags"):
+            pattern = getattr(self, name)
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as e:
+                    raise ValueError(f"{name} {pattern!r}: not a regular expression: {e}") from None
 
     def reading(self, *datasets: DatasetRead) -> StageRecord:
         """This record with ``datasets`` appended (a stage adds the files its params name)."""

@@ -291,15 +291,17 @@ class Translator:
         *,
         chunk_tokens: int | None = None,
         progress: Callable[[int], None] | None = None,
+        batch_progress: Callable[[int], None] | None = None,
     ) -> Iterator[list[str]]:
         """Translate ``prepared`` in chunks of consecutive input lines; yields each chunk's output lines
         in input order (concatenated: exactly one line, without line breaks or U+2047, per input line).
 
         A chunk closes once it holds ``chunk_tokens`` source tokens (``None``: one chunk, so batches
-        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count.
+        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count,
+        ``batch_progress(n)`` with each decoder batch's unit count (a progress bar inside one chunk).
         """
         for first, last, spans in self._chunks(prepared, chunk_tokens):
-            ids = self.decoder.translate_ids(prepared.units[first:last], options)
+            ids = self.decoder.translate_ids(prepared.units[first:last], options, progress=batch_progress)
             yield self.output_lines(spans, ids, first=first)
             if progress:
                 progress(len(spans))

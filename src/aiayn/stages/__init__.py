@@ -67,6 +67,11 @@ class Layout:
         return self.root / "artifacts" / "train_metrics.json"
 
     @property
+    def plots(self) -> Path:
+        """Per-step curves and per-test-set scores for ``dvc plots`` (each file a stage's ``plots`` output)."""
+        return self.root / "artifacts" / "plots"
+
+    @property
     def eval_metrics(self) -> Path:
         """``{split: {bleu, chrf, bleu_lc_tok}}`` (DVC ``metrics``, outside the ``eval`` out)."""
         return self.root / "artifacts" / "eval_metrics.json"

@@ -95,6 +95,8 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         "why": why,
         "scores": scores,
         "gate": {"split": q.gate_split, "max_bleu_drop": q.max_bleu_drop},
+        "training": {k: model_meta[k] for k in ("budget", "stopped_by", "step") if k in model_meta}
+                    | ({"selection": model_meta["selection"].get("notes", [])} if "selection" in model_meta else {}),
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),

@@ -38,6 +38,7 @@ from aiayn.bundle import EAGER, ModelBundle
 from aiayn.config import EOS_ID, Params
 from aiayn.corpus import read_lines
 from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder
+from aiayn.progress import Progress
 from aiayn.io import atomic_dir, atomic_write_json
 from aiayn.model import Transformer
 from aiayn.quantize.checks import ACCEPTED, FAILED, REJECTED, SKIPPED, degenerate_lines, gate
@@ -128,21 +129,30 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     t_start = time.perf_counter()
     st = _start(params, layout)
     _eager_reference(st)
-    with recorder.start(RECORD) as tracker:
+    wanted = _wanted(q.variants)
+    phases = len(wanted) + 3 + int(q.layer_attribution) + int(q.throughput)  # variants, parity, outliers, ..., serving
+    with recorder.start(RECORD) as tracker, Progress("quantize", phases, unit="phase") as bar:
         tracker.log_params({f"quantize.{k}": v for k, v in q.model_dump(mode="json").items()})
         with atomic_dir(layout.quantized) as out:
-            for name in _wanted(q.variants):
+            for name in wanted:
                 _variant(st, name, out / name)
+                bar.advance(1, f"{name}: {st.report['variants'].get(name, {}).get('status', '?')}")
             if CT2_REFERENCE in st.ct2:
                 _parity(st)
+            bar.advance(1, "parity")
             _outliers(st, out / "outliers")
+            bar.advance(1, "outliers")
             if q.layer_attribution and CT2_REFERENCE in st.ct2:
                 st.report["layer_attribution"] = _attribution(st)
+            if q.layer_attribution:
+                bar.advance(1, "layer attribution")
             wall: dict[str, Any] = {}  # wall-clock: quantize_throughput.json and MLflow, never a DVC out
             if q.throughput:
                 wall["throughput"] = _throughput(st)
+                bar.advance(1, "throughput")
             serving = _serving_default(st, out / "serving.json")
             atomic_write_json(out / "report.json", st.report)
+            bar.advance(1, f"serving default: {serving}")
 
         wall["stage_seconds"] = round(time.perf_counter() - t_start, 1)
         wall["decode_seconds"] = {k: round(v, 2) for k, v in st.timings.items()}

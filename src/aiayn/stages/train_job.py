@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.config import ModelConfig, Params
+from aiayn.corpus import read_lines
 from aiayn.io import sha256_file
 from aiayn.model import Transformer
 from aiayn.stages import Layout
@@ -20,7 +21,7 @@ from aiayn.tokenizer import EncodedSplit, Tokenizer, encoded_files, load_encoded
 from aiayn.train import TrainResult
 
 __all__ = ["PARAMS_FILE", "METRICS_FILE", "RESULT_FILE", "TrainInputs", "load_train_inputs", "data_id",
-           "job_summary", "result_from_job"]
+           "job_summary", "result_from_job", "bleu_validator"]
 
 #: The resolved ``Params`` (``Params.model_dump_json()``), written by the launcher, read by every rank.
 PARAMS_FILE = "params.json"
@@ -80,3 +81,27 @@ def result_from_job(summary: dict[str, Any], model: Transformer) -> TrainResult:
     return TrainResult(step=summary["step"], epoch=summary["epoch"], stopped_by=summary["stopped_by"],
                        resumed_from=summary["resumed_from"], train_seconds=summary["train_seconds"],
                        tokens=summary["tokens"], skipped_updates=summary["skipped_updates"], model=model)
+
+
+def bleu_validator(params: Params, layout: Layout, inputs: TrainInputs):
+    """The validation-BLEU scorer of ``params.train.valid_bleu`` (``aiayn.train.validation.BleuValidator``) over the
+    prepared validation text, or None when it is off. Decodes with ``evaluate``'s length rules and the configured
+    beam (``len_penalty``/``length_norm`` from ``evaluate`` when ``beam_size > 1``).
+
+    Raises ``FileNotFoundError`` when the prepared validation split is missing.
+    """
+    vb, d, e = params.train.valid_bleu, params.data, params.evaluate
+    if not vb.enabled:
+        return None
+    from aiayn.decoders import DecodeOptions
+    from aiayn.train.validation import BleuValidator
+
+    src, tgt = (layout.prepared / f"{d.valid_split}.{lang}" for lang in (d.src_lang, d.tgt_lang))
+    for f in (src, tgt):
+        if not f.exists():
+            raise FileNotFoundError(f"{f} not found: validation BLEU needs the prepared validation split "
+                                    "(run the prepare stage, or set train.valid_bleu.enabled: false)")
+    options = DecodeOptions(beam_size=vb.beam_size, len_penalty=e.len_penalty, length_norm=e.length_norm,
+                            max_len_a=e.max_len_a, max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+    return BleuValidator(Tokenizer.load(inputs.spm_path), read_lines(src), read_lines(tgt), options,
+                         size=vb.sentences, seed=vb.seed)

@@ -12,16 +12,17 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from aiayn.lineage import dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit
+from aiayn.lineage import data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
-__all__ = ["git_tags", "lineage_tags", "dvc_datasets"]
+__all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes"]
 
 log = logging.getLogger("aiayn.tracking")
 
 
 def git_tags(project_root: Path) -> dict[str, str]:
-    """``git.dirty`` and, inside a git work tree, ``git.commit`` / ``mlflow.source.git.commit``."""
+    """``git.dirty`` (the user's code only: ``aiayn.lineage.git_commit`` leaves out what the pipeline writes) and,
+    inside a git work tree, ``git.commit`` / ``mlflow.source.git.commit``."""
     commit, dirty = git_commit(project_root)
     tags = {"git.dirty": str(dirty).lower()}
     if commit:
@@ -63,20 +64,31 @@ def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
     return out
 
 
-def lineage_tags(project_root: Path) -> dict[str, str]:
+def lineage_hashes(project_root: Path) -> dict[str, str]:
+    """Every ``dvc_data_hashes`` entry (code and data): what the tracker logs as ONE artifact of the pipeline run
+    (``lineage/dvc_hashes.json``). Empty, with one warning, when a DVC file is unreadable."""
+    try:
+        return dvc_data_hashes(project_root)
+    except ValueError as e:
+        log.warning("no data hashes logged: %s", e)
+        return {}
+
+
+def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> dict[str, str]:
     """The tags of every pipeline and stage run: ``git_tags``, ``dvc.exp_name`` when DVC runs the
-    stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``) and one
-    ``data_hash.<path>`` per ``dvc_data_hashes`` entry (none, with one warning, when a DVC file is
-    unreadable)."""
+    stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``), ``data.version`` (the raw
+    corpus's DVC hash) and one ``data_hash.<path>`` per data path of ``hashes`` (default ``lineage_hashes``): the
+    corpus and the stages' outputs, not the code files (the git commit covers those; every hash is in the
+    ``lineage/dvc_hashes.json`` artifact)."""
     tags = git_tags(project_root)
     if os.environ.get("DVC_EXP_NAME"):  # set by DVC for queued / temp experiments
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
-    try:
-        hashes = dvc_data_hashes(project_root)
-    except ValueError as e:
-        log.warning("no data hashes logged: %s", e)
-        hashes = {}
+    hashes = lineage_hashes(project_root) if hashes is None else hashes
+    if version := data_version(hashes):
+        tags["data.version"] = version
     for path, h in hashes.items():
+        if is_code_path(path):
+            continue
         key = BAD_KEY_CHARS.sub("_", f"data_hash.{path}")[:MAX_KEY_LEN]
         tags[key] = h
     return tags

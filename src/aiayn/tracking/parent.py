@@ -25,7 +25,11 @@ from typing import Any
 from aiayn.io import atomic_write_json
 from aiayn.tracking.store import http_unreachable, resolve_tracking_uri, tracking_enabled
 
-__all__ = ["STATE_FILE", "read_state", "resolve_parent", "finish_parent", "end_pipeline_run"]
+__all__ = ["STATE_FILE", "read_state", "resolve_parent", "finish_parent", "end_pipeline_run", "describe_pipeline",
+           "DESCRIPTION_TAG"]
+
+#: MLflow's run description (the run page's "Description", the runs table's tooltip).
+DESCRIPTION_TAG = "mlflow.note.content"
 
 log = logging.getLogger("aiayn.tracking")
 
@@ -132,3 +136,34 @@ def end_pipeline_run(
         return None
     state_path.unlink(missing_ok=True)
     return state["run_id"]
+
+
+def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
+    """The pipeline run's description (markdown), read at a glance, from its headline metrics and tags.
+
+    First line: how training ended (``train.budget``; a run cut by the clock or a signal says so in bold,
+    with ``train.budget_cut``). Then the headline scores (BLEU/chrF per test set, validation loss and
+    BLEU), the model choice, the data version and the code version.
+    """
+    lines = []
+    budget = tags.get("train.budget")
+    if tags.get("train.budget_cut"):
+        lines.append(f"**WARNING: training {budget}**")
+    elif budget:
+        lines.append(f"Training {budget} (stopped by {tags.get('train.stopped_by', '?')} at step "
+                     f"{tags.get('train.stop_step', '?')}).")
+    else:
+        lines.append("Training: no train stage in this pipeline run yet.")
+    tests = sorted({k.rsplit(".", 1)[0] for k in metrics if k.endswith(".bleu") and not k.startswith("serving.")})
+    if tests:
+        lines += ["", "| test set | BLEU | chrF |", "|---|---:|---:|"]
+        lines += [f"| {t} | {metrics[t + '.bleu']:.2f} | {metrics.get(t + '.chrf', float('nan')):.2f} |" for t in tests]
+    valid = [f"{k} {metrics[k]:.4g}" for k in ("averaged_valid_loss", "averaged_valid_bleu", "valid_loss", "valid_bleu")
+             if k in metrics]
+    if valid:
+        lines += ["", "Validation: " + ", ".join(valid)]
+    if tags.get("train.selection"):
+        lines += ["", f"Model: {tags['train.selection']}"]
+    lines += ["", f"Data version: `{tags.get('data.version', 'unknown')}`; code: `{tags.get('git.commit', 'no git')}`"
+              + (" (uncommitted changes)" if tags.get("git.dirty") == "true" else "")]
+    return "\n".join(lines)

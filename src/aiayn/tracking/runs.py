@@ -31,8 +31,8 @@ from typing import Any
 from aiayn.io import atomic_write_json
 from aiayn.recording import StageRecord, check_dir, check_file, check_key, check_metrics, check_params
 from aiayn.settings import Settings
-from aiayn.tracking.lineage import dvc_datasets, lineage_tags
-from aiayn.tracking.parent import STATE_FILE, finish_parent, resolve_parent
+from aiayn.tracking.lineage import dvc_datasets, lineage_hashes, lineage_tags
+from aiayn.tracking.parent import DESCRIPTION_TAG, STATE_FILE, describe_pipeline, finish_parent, resolve_parent
 from aiayn.tracking.registry import register_translation, register_transformers
 from aiayn.tracking.store import (
     MAX_METRICS_PER_BATCH,
@@ -125,6 +125,7 @@ class Tracker:
         self._settings = settings
         self._end_pipeline = self.record.ends_pipeline if end_pipeline is None else end_pipeline
         self._headline = re.compile(self.record.headline_metrics) if self.record.headline_metrics else None
+        self._headline_tags = re.compile(self.record.headline_tags) if self.record.headline_tags else None
         self._flush_every = flush_every
         self._flush_seconds = flush_seconds
 
@@ -218,7 +219,8 @@ class Tracker:
 
         open_sqlite(self.tracking_uri)
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        tags = lineage_tags(self.project_root)
+        hashes = lineage_hashes(self.project_root)
+        tags = lineage_tags(self.project_root, hashes)
         env_parent = (self._settings or Settings.from_env()).parent_run_id
         state: dict[str, Any] | None = None
         if env_parent:
@@ -243,6 +245,7 @@ class Tracker:
         self._run_id = run.info.run_id
         self._set_tags(self._run_id, tags)
         self._log_datasets()
+        self._log_hashes(hashes)
         if state is not None:
             state["stages"][self.stage] = {"run_id": self._run_id, "status": "RUNNING"}
             atomic_write_json(self.state_path, state)
@@ -260,6 +263,31 @@ class Tracker:
                 self._client.log_inputs(run_id, datasets=inputs)
         except Exception as e:  # noqa: BLE001 - dataset inputs are a view, never a reason to stop tracking
             log.warning("dataset inputs not logged: %s: %s", type(e).__name__, e)
+
+    def _log_hashes(self, hashes: Mapping[str, str]) -> None:
+        """Every DVC hash of the project (code and data) as ONE artifact of the pipeline run,
+        ``lineage/dvc_hashes.json`` (the tags keep only the data's)."""
+        import json
+        import tempfile
+
+        if not hashes:
+            return
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                f = Path(tmp) / "dvc_hashes.json"
+                f.write_text(json.dumps(dict(sorted(hashes.items())), indent=2) + "\n", encoding="utf-8")
+                self._client.log_artifact(self._parent_run_id, str(f), "lineage")
+        except Exception as e:  # noqa: BLE001 - lineage is a view, never a reason to stop tracking
+            log.warning("lineage/dvc_hashes.json not logged: %s: %s", type(e).__name__, e)
+
+    def _describe_parent(self) -> None:
+        """(Re)write the pipeline run's description from its headline metrics and tags (``describe_pipeline``)."""
+        try:
+            parent = self._client.get_run(self._parent_run_id)
+            text = describe_pipeline(dict(parent.data.metrics), dict(parent.data.tags))
+            self._client.set_tag(self._parent_run_id, DESCRIPTION_TAG, text[:MAX_TAG_VALUE_LEN])
+        except Exception as e:  # noqa: BLE001 - a description is a view, never a reason to leave runs open
+            log.warning("pipeline run description not written: %s: %s", type(e).__name__, e)
 
     def _set_tags(self, run_id: str | None, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -288,6 +316,7 @@ class Tracker:
         return False  # never swallow the caller's exception
 
     def _finish(self, status: str) -> None:
+        self._describe_parent()
         self._client.set_terminated(self._run_id, status=status)
         if self._owns_parent:
             finish_parent(self._client, self.state_path, parent_run_id=self._parent_run_id, stage=self.stage,
@@ -376,7 +405,8 @@ class Tracker:
                 self._guard(self._client.log_batch, run_id, metrics=chunk)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        """Set tags on the child run (values stringified, cut to 8000 characters).
+        """Set tags on the child run (values stringified, cut to 8000 characters); the record's
+        ``headline_tags`` also on the pipeline run.
 
         Raises:
             ValueError: a key MLflow would reject (quoted).
@@ -384,6 +414,9 @@ class Tracker:
         checked = {check_key(k, "tag"): v for k, v in tags.items()}
         if self._active:
             self._guard(self._set_tags, self._run_id, checked)
+            headline = {k: v for k, v in checked.items() if self._headline_tags and self._headline_tags.match(k)}
+            if headline and self._active:
+                self._guard(self._set_tags, self._parent_run_id, headline)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload one file to the child run's artifacts (under ``artifact_path``).

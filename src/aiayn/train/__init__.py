@@ -1,4 +1,5 @@
-"""Training: label-smoothed loss, the paper's schedule, a ``Trainer`` with exact resume, checkpoint averaging.
+"""Training: label-smoothed loss, the paper's schedule, a ``Trainer`` with exact resume, early stopping, validated
+checkpoint choice (averaging, best).
 
 Pure core: tensors and files in, files out. Tracking and progress display arrive as
 callbacks, so this package imports neither MLflow nor any orchestration library.
@@ -24,8 +25,10 @@ Reproducibility contract (tests/test_train.py pins it, on CPU):
 from __future__ import annotations
 
 from aiayn.train.averaging import averaged_weights, on_grid
+from aiayn.train.early_stop import EarlyStopper
 from aiayn.train.loss import label_smoothed_cross_entropy, validation_loss
 from aiayn.train.schedule import dropout_seed, inverse_sqrt_lr
+from aiayn.train.select import Selection, select_weights
 from aiayn.train.trainer import TrainResult, Trainer, config_fingerprint, train
 
 __all__ = [
@@ -39,4 +42,7 @@ __all__ = [
     "averaged_weights",
     "on_grid",
     "dropout_seed",
+    "EarlyStopper",
+    "Selection",
+    "select_weights",
 ]

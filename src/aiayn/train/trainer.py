@@ -45,7 +45,7 @@ from aiayn.distributed import (
 )
 from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
-from aiayn.train.averaging import on_grid
+from aiayn.train.early_stop import EarlyStopper, higher_is_better
 from aiayn.train.loss import label_smoothed_cross_entropy, validation_loss
 from aiayn.train.schedule import dropout_seed, inverse_sqrt_lr
 
@@ -55,6 +55,8 @@ log = logging.getLogger("aiayn")
 
 MetricsFn = Callable[[dict[str, float], int], None]
 StepFn = Callable[[int, dict[str, float]], None]
+#: Extra validation metrics of a model (e.g. ``aiayn.train.validation.BleuValidator``): no RNG, any mode in, same mode out.
+ScorerFn = Callable[[torch.nn.Module], dict[str, float]]
 
 
 def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: str) -> str:
@@ -65,7 +67,8 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
     """
     budget = {"max_steps", "max_epochs", "max_time_s", "validate_every", "checkpoint_every", "keep_checkpoints",
               "average_last", "log_every", "num_threads", "device",
-              "distributed", "nproc_per_node", "compile", "max_skipped_updates"}
+              "distributed", "nproc_per_node", "compile", "max_skipped_updates",
+              "epoch_checkpoints", "valid_bleu", "early_stop", "select"}
     payload = {
         "model": model_cfg.model_dump(mode="json"),
         "train": {k: v for k, v in train_cfg.model_dump(mode="json").items() if k not in budget},
@@ -89,6 +92,7 @@ class TrainResult:
     model: Transformer | None = None
     checkpoints: list[Path] = field(default_factory=list)
     skipped_updates: int = 0  # updates skipped for a non-finite loss or gradient
+    early_stop: dict[str, Any] | None = None  # EarlyStopper.state_dict() when early stopping is on
 
 
 class _StopSignal:
@@ -147,6 +151,7 @@ class Trainer:
         on_metrics: MetricsFn | None = None,
         on_step: StepFn | None = None,
         world: World | None = None,
+        valid_scorer: ScorerFn | None = None,
     ) -> None:
         self.model_cfg, self.cfg = model_cfg, train_cfg
         self.train_split, self.valid_split = train_split, valid_split
@@ -154,6 +159,7 @@ class Trainer:
         self.data_id = data_id
         self.on_metrics, self.on_step = on_metrics, on_step
         self.world = world or World()
+        self.valid_scorer = valid_scorer
 
     # --- setup ---------------------------------------------------------------------------------------------
 
@@ -168,6 +174,7 @@ class Trainer:
         self._setup_model()
         self.iterator = EpochBatchIterator(self.train_split, max_tokens=self.cfg.max_tokens, data_seed=self.cfg.data_seed)
         self.result = TrainResult(step=0, epoch=1, model=self.model)
+        self._setup_validation()
         state, path = self._compatible_checkpoint() if resume else (None, None)
         if state is not None:
             self.model.load_state_dict(state.model)  # before sharding: every rank holds the full weights
@@ -181,6 +188,16 @@ class Trainer:
         self._signal = _StopSignal()  # installed by train(); never set when steps are driven by hand
         self._consecutive_skips = 0
         self._start_clock()
+
+    def _setup_validation(self) -> None:
+        """Early stopping and the record of scheduled checkpoints. Raises ``ValueError`` for early stopping
+        without a validation split."""
+        es = self.cfg.early_stop
+        if es.metric is not None and self.valid_split is None:
+            raise ValueError("train.early_stop needs a validation split")
+        self.early_stop = EarlyStopper(es.metric, es.patience, es.min_delta) if es.metric else None
+        self._scheduled: set[int] = set()  # steps of checkpoints written on the schedule (grid or epoch end)
+        self._warned_fsdp_scorer = False
 
     def _start_clock(self) -> None:
         """Zero the run's clock (``max_time_s``, ``train_seconds``) and the tokens/s window."""
@@ -262,7 +279,13 @@ class Trainer:
             self.scaler.load_state_dict(state.extra["grad_scaler"])
         self.result.step = self.result.resumed_from = state.step
         self.result.losses = {int(k): v for k, v in state.extra.get("losses", {}).items()}
+        self.result.valid = {int(k): v for k, v in state.extra.get("valid", {}).items()}
         self.result.skipped_updates = int(state.extra.get("skipped_updates", 0))
+        every = self.cfg.checkpoint_every
+        self._scheduled = {int(s) for s in state.extra.get("scheduled_steps",
+                                                            [s for s in range(every, state.step + 1, every)])}
+        if self.early_stop is not None and "early_stop" in state.extra:
+            self.early_stop.load_state_dict(state.extra["early_stop"])
         log.info("resumed from %s (step %d, epoch %d)", path.name, state.step, self.iterator.epoch)
 
     # --- the loop ------------------------------------------------------------------------------------------
@@ -285,21 +308,26 @@ class Trainer:
         barrier(self.world)  # the last checkpoint is on disk before any rank returns
         self.result.train_seconds = time.perf_counter() - self._start
         self.result.epoch = self.iterator.epoch
+        self.result.early_stop = self.early_stop.state_dict() if self.early_stop is not None else None
         return self.result
 
     def should_stop(self) -> str | None:
-        """Why the run stops before the next update (``"max_steps"``, ``"max_epochs"``, ``"max_time_s"``,
-        ``"signal"``), or None. The clock and signals are agreed by all ranks (one all-reduce)."""
+        """Why the run stops before the next update (``"max_steps"``, ``"max_epochs"``, ``"early_stop"``,
+        ``"max_time_s"``, ``"signal"``), or None. Early stopping (decided where validation runs), the clock
+        and signals are agreed by all ranks (one all-reduce)."""
         cfg, iterator = self.cfg, self.iterator
         if self.result.step >= cfg.max_steps:
             return "max_steps"
         if cfg.max_epochs is not None and iterator.epoch >= cfg.max_epochs and iterator.end_of_epoch:
             return "max_epochs"
-        out_of_time, signalled = agree(
+        early, out_of_time, signalled = agree(
             self.world,
+            self.early_stop is not None and self.early_stop.should_stop,
             cfg.max_time_s is not None and time.perf_counter() - self._start >= cfg.max_time_s,
             self._signal.received is not None,
         )
+        if early:
+            return "early_stop"
         if out_of_time:
             return "max_time_s"
         return "signal" if signalled else None
@@ -308,6 +336,7 @@ class Trainer:
         """One optimizer update over the next ``grad_accum`` global batches (this rank's share of them), then
         its reports, and validation and a checkpoint when the step is on their grid."""
         cfg, result = self.cfg, self.result
+        epochs_before = self._epochs_done()
         update = [self.iterator.next_indices() for _ in range(cfg.grad_accum)]  # the global update
         n_tgt = sum(self.iterator.n_tgt_tokens(ix) for ix in update)  # global target tokens, same on every rank
         lr = inverse_sqrt_lr(result.step + 1, d_model=self.model_cfg.d_model, warmup_steps=cfg.warmup_steps,
@@ -324,12 +353,19 @@ class Trainer:
         result.losses[result.step] = step_loss
         result.tokens += n_tgt
         self._report(step_loss, lr, grad_norm, n_tgt)
+        epoch_end = cfg.epoch_checkpoints and self._epochs_done() > epochs_before  # an epoch's last batch was in it
+        validate_now = self.valid_split is not None and (result.step % cfg.validate_every == 0 or epoch_end)
         # FSDP gathers parameters inside forward: every rank runs the (identical) validation
-        if (self.valid_split is not None and (self.world.is_main or self.mode == "fsdp")
-                and result.step % cfg.validate_every == 0):
+        if validate_now and (self.world.is_main or self.mode == "fsdp"):
             self.validate()
-        if result.step % cfg.checkpoint_every == 0:
-            self.checkpoint()
+        scheduled = result.step % cfg.checkpoint_every == 0 or epoch_end
+        keeps_validated = cfg.select.method in ("best", "average_best")  # "best" needs the validated weights kept
+        if scheduled or (validate_now and keeps_validated):
+            self.checkpoint(scheduled=scheduled)
+
+    def _epochs_done(self) -> int:
+        """Epochs whose every batch has been taken."""
+        return self.iterator.epoch - (0 if self.iterator.end_of_epoch else 1)
 
     def _forward_backward(self, update: list[Any], n_tgt: int) -> float:
         """Gradients of this rank's batches of ``update``, each loss scaled by ``world_size / n_tgt``; returns
@@ -400,12 +436,23 @@ class Trainer:
             self._window_tokens, self._window_start = 0, now
 
     def validate(self) -> None:
-        """Validation loss of the current weights into ``result.valid`` (logged and reported on rank 0)."""
+        """Validation loss (and ``valid_scorer``'s metrics, e.g. BLEU) of the current weights into
+        ``result.valid``, then the early-stopping count (logged and reported on rank 0).
+
+        Draws no random numbers: the run's weights are the same with or without it."""
         if self.valid_split is None:
             raise ValueError("Trainer.validate: this run has no validation split")
         metrics = validation_loss(self.model, self.valid_split, max_tokens=self.cfg.max_tokens,
                                   label_smoothing=self.cfg.label_smoothing)
+        if self.valid_scorer is not None and self.mode != "fsdp":
+            metrics |= self.valid_scorer(self.model)
+        elif self.valid_scorer is not None and not self._warned_fsdp_scorer:
+            self._warned_fsdp_scorer = True  # decoding calls encode/decode directly, outside FSDP's forward hooks
+            log.warning("validation BLEU is not measured under FSDP (validation loss only)")
         self.result.valid[self.result.step] = metrics
+        if self.early_stop is not None and self.early_stop.update(self.result.step, metrics):
+            if self.world.is_main:
+                log.info("early stop: %s", self.early_stop.reason())
         if self.world.is_main:
             log.info("step %d: %s", self.result.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
             if self.on_metrics:
@@ -413,12 +460,17 @@ class Trainer:
 
     # --- checkpoints ---------------------------------------------------------------------------------------
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, scheduled: bool = False) -> None:
         """Write the full training state of the current step (rank 0) and prune old checkpoints.
 
+        ``scheduled``: written on the schedule (the ``checkpoint_every`` grid or, with
+        ``epoch_checkpoints``, an epoch's end): the checkpoints ``average_last`` averages.
         A collective under FSDP (every rank gathers, rank 0 gets the full tensors). Kept: the
-        newest ``keep_checkpoints`` on the ``checkpoint_every`` grid, and the newest of all.
+        newest ``keep_checkpoints`` scheduled ones, the newest of all and, when ``select.method`` is
+        ``best``/``average_best``, the 1 / ``average_last`` best validated ones.
         """
+        if scheduled:
+            self._scheduled.add(self.result.step)
         if self.mode == "fsdp":
             model_state, optim_state = full_state(self.model, self.optimizer, self.param_names)
         elif self.world.is_main:
@@ -427,12 +479,26 @@ class Trainer:
             return
         path = save_checkpoint(self.checkpoint_dir, self._train_state(model_state, optim_state))
         all_ckpts = list_checkpoints(self.checkpoint_dir)
-        keep = set(on_grid(all_ckpts, self.cfg.checkpoint_every)[-self.cfg.keep_checkpoints:]) | {all_ckpts[-1]}
+        scheduled = [p for p in all_ckpts if checkpoint_step(p) in self._scheduled]
+        best = set(self.best_validated())
+        keep = (set(scheduled[-self.cfg.keep_checkpoints:]) | {all_ckpts[-1]}
+                | {p for p in all_ckpts if checkpoint_step(p) in best})
         for old in all_ckpts:
             if old not in keep:
                 old.with_suffix(".safetensors").unlink(missing_ok=True)
                 old.unlink(missing_ok=True)
         self.result.checkpoints.append(path)
+
+    def best_validated(self) -> list[int]:
+        """Steps of the validated checkpoints ``select`` may pick (best first by ``select.metric``): 1 for
+        ``best``, ``average_last`` for ``average_best``, none otherwise."""
+        sel = self.cfg.select
+        if sel.method not in ("best", "average_best"):
+            return []
+        k = 1 if sel.method == "best" else self.cfg.average_last
+        sign = -1.0 if higher_is_better(sel.metric) else 1.0
+        scored = [(sign * m[sel.metric], s) for s, m in self.result.valid.items() if sel.metric in m]
+        return [s for _, s in sorted(scored)[:k]]
 
     def _train_state(self, model_state: dict[str, torch.Tensor], optim_state: dict[str, Any]) -> TrainState:
         cfg, result = self.cfg, self.result
@@ -446,6 +512,9 @@ class Trainer:
             extra={"seed": cfg.seed, "data_seed": cfg.data_seed, "world_size": self.world.world_size,
                    "distributed": self.mode, "skipped_updates": result.skipped_updates,
                    **({"grad_scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
+                   **({"early_stop": self.early_stop.state_dict()} if self.early_stop is not None else {}),
+                   "scheduled": result.step in self._scheduled, "scheduled_steps": sorted(self._scheduled),
+                   "valid": {str(k): v for k, v in result.valid.items()},
                    "losses": {str(k): v for k, v in result.losses.items()}},
         )
 
@@ -462,6 +531,7 @@ def train(
     on_step: StepFn | None = None,
     resume: bool = True,
     world: World | None = None,
+    valid_scorer: ScorerFn | None = None,
 ) -> TrainResult:
     """Train (or resume training) a Transformer; checkpoints go to ``checkpoint_dir``.
 
@@ -482,6 +552,14 @@ def train(
             global target token count, ``grad_norm`` the global gradient L2 norm before clipping.
         world: this process's place in a ``torch.distributed`` job (``aiayn.distributed``;
             the process group must be initialised); default: one process.
+        valid_scorer: more validation metrics of the model (``aiayn.train.validation.BleuValidator``:
+            ``valid_bleu``, ``valid_chrf``), measured with the validation loss (not under FSDP); it
+            must draw no random numbers, so the weights do not depend on it.
+
+    Early stopping (``train_cfg.early_stop``) counts validations without improvement; the count
+    is saved in every checkpoint, so a resumed run stops where an uninterrupted one would
+    (``stopped_by="early_stop"``). Validation and scheduled checkpoints also happen at each
+    epoch's end with ``epoch_checkpoints``.
 
     Data parallelism is world-size invariant: an update is ``grad_accum`` consecutive
     batches of the one global order (``aiayn.batching``), rank ``r`` of ``N`` takes batches
@@ -502,6 +580,6 @@ def train(
     returns with ``stopped_by="signal"``.
     """
     trainer = Trainer(model_cfg, train_cfg, train_split, valid_split, checkpoint_dir, data_id=data_id,
-                      on_metrics=on_metrics, on_step=on_step, world=world)
+                      on_metrics=on_metrics, on_step=on_step, world=world, valid_scorer=valid_scorer)
     trainer.setup(resume=resume)
     return trainer.train()
