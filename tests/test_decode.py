@@ -305,3 +305,16 @@ def test_bad_arguments_raise(model):
         beam_search(model, src, beam_size=21)
     with pytest.raises(ValueError, match="src must be"):
         greedy_decode(model, src[0])
+
+
+def test_greedy_scores_follow_the_length_norm_the_beam_uses(model):
+    """Merge of issues 25 and 27: with ``length_norm="fairseq"`` the greedy score is ``logprob / |Y+1| ** a``
+    (as the beam search scores), not GNMT's; an unknown norm is refused before any work."""
+    src = padded_batch([6, 3], seed=9)
+    gnmt = greedy_decode_hypotheses(model, src, max_len_b=5, len_penalty=0.6)
+    fairseq = greedy_decode_hypotheses(model, src, max_len_b=5, len_penalty=0.6, length_norm="fairseq")
+    for g, f in zip(gnmt, fairseq):
+        assert f.tokens == g.tokens and f.logprob == g.logprob
+        assert f.score == pytest.approx(f.logprob / (len(f.tokens) + 1) ** 0.6, abs=1e-9)
+    with pytest.raises(ValueError, match="length_norm"):
+        greedy_decode_hypotheses(model, src, length_norm="nope")
