@@ -158,3 +158,58 @@ def test_python_m_aiayn_lists_the_monitor_commands():
     commands = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 1]
     for name in ("prepare", "train", "export", "monitor-reference", "monitor", "fetch", "translate", "serve"):
         assert name in commands, (name, out.stdout)
+
+
+# ---------------------------------------------------------------- sizes (issue 24: one person can hold a unit)
+
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 700
+#: Modules allowed past MAX_MODULE_LINES, with the reason (the closing note of issue 24 repeats it).
+LONG_MODULES = {
+    # The Triton forward and backward kernels, their autograd Function and the launch-shape rules
+    # must read side by side (each backward block mirrors a forward block); split, a reader holds
+    # two files open to check one kernel against the other.
+    "src/aiayn/kernels/flash_attention.py": 800,
+}
+
+
+def sizes(roots: tuple[Path, ...], base: Path = REPO) -> tuple[dict[str, int], dict[str, int]]:
+    """``(modules, functions)``: line counts of every ``.py`` file under ``roots`` and of every
+    function or method in them (``file:qualname``, paths relative to ``base``; decorators excluded,
+    docstring included)."""
+    modules, functions = {}, {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            rel = str(path.relative_to(base))
+            modules[rel] = len(text.splitlines())
+
+            def walk(node, prefix=""):
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        name = f"{prefix}{child.name}"
+                        if not isinstance(child, ast.ClassDef):
+                            functions[f"{rel}:{name}"] = child.end_lineno - child.lineno + 1
+                        walk(child, name + ".")
+                    else:
+                        walk(child, prefix)
+
+            walk(ast.parse(text))
+    return modules, functions
+
+
+def test_the_size_scan_counts_nested_functions_and_methods(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("class A:\n    def f(self):\n        def g():\n            return 1\n        return g\n")
+    modules, functions = sizes((pkg,), base=tmp_path)
+    assert modules == {"pkg/m.py": 5} and functions == {"pkg/m.py:A.f": 4, "pkg/m.py:A.f.g": 2}
+
+
+def test_no_function_over_80_lines_and_no_module_over_700():
+    modules, functions = sizes(SCANNED)
+    long_functions = {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES}
+    long_modules = {m: n for m, n in modules.items() if n > LONG_MODULES.get(m, MAX_MODULE_LINES)}
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines (or their stated limit): {long_modules}"
+    assert len(functions) > 500 and max(functions.values()) > 40, "the scan must see the code base's functions"

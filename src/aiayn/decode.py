@@ -43,7 +43,7 @@ hypotheses or reaches its ``max_len``; the best finished hypothesis by score is 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,15 +257,8 @@ def beam_search_hypotheses(
             top_beam, top_tok = top_idx // V, top_idx % V  # (N, C) beam within sentence, token
             is_eos = top_tok.eq(EOS_ID)  # (N, C)
 
-            # Finished hypotheses: EOS extensions ranked within the first K with a finite score.
-            fin = (is_eos[:, :K] & top_scores[:, :K].isfinite()).nonzero()  # (F, 2): (sentence, rank)
-            if fin.numel():
-                n, r = fin[:, 0], fin[:, 1]
-                fin_rows = n * k + top_beam[n, r]  # (F,) rows of tokens
-                fin_lp = top_scores[n, r].tolist()
-                for s, toks, lp in zip(sent[n].tolist(), tokens[fin_rows, 1:].tolist(), fin_lp):
-                    if len(finished[s]) < K:
-                        finished[s].append(Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty, length_norm), lp))
+            _add_finished(finished, sent, tokens, top_scores, top_beam, is_eos, k, K,
+                          lambda n_tokens: length_penalty(n_tokens, len_penalty, length_norm))
 
             # Continuing beams: the first K non-EOS extensions (stable sort keeps score order).
             order = torch.sort(is_eos.to(torch.int32), dim=1, stable=True).indices[:, :K]  # (N, K)
@@ -289,6 +282,23 @@ def beam_search_hypotheses(
             k = K
         return [sorted(h, key=lambda h: h.score, reverse=True) for h in finished]
 
+
+
+def _add_finished(finished: list[list[Hypothesis]], sent: torch.Tensor, tokens: torch.Tensor,
+                  top_scores: torch.Tensor, top_beam: torch.Tensor, is_eos: torch.Tensor, k: int, K: int,
+                  penalty: Callable[[int], float]) -> None:
+    """Append one beam step's finished hypotheses to ``finished`` (per original sentence, at most ``K``):
+    the EOS extensions ranked within the first ``K`` candidates with a finite score. ``sent`` ``(N,)``,
+    ``tokens`` ``(N * k, t + 1)``, ``top_scores``/``top_beam``/``is_eos`` ``(N, C)``; ``penalty(n)`` is
+    the length penalty of ``n`` tokens including EOS."""
+    fin = (is_eos[:, :K] & top_scores[:, :K].isfinite()).nonzero()  # (F, 2): (sentence, rank)
+    if not fin.numel():
+        return
+    n, r = fin[:, 0], fin[:, 1]
+    fin_rows = n * k + top_beam[n, r]  # (F,) rows of tokens
+    for s, toks, lp in zip(sent[n].tolist(), tokens[fin_rows, 1:].tolist(), top_scores[n, r].tolist()):
+        if len(finished[s]) < K:
+            finished[s].append(Hypothesis(toks, lp / penalty(len(toks) + 1), lp))
 
 def beam_search(
     model: Any,
