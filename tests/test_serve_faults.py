@@ -223,7 +223,9 @@ def test_sigterm_cuts_stalled_uploads_and_answers_requests_in_flight(world, tmp_
         busy = threading.Thread(target=lambda: answer.append(
             httpx.post(f"{s.url}/translate", json={"sentences": world["en"], "beam_size": 8}, timeout=300)))
         busy.start()
-        time.sleep(1.0)  # the uploads wait in their read, the request is decoding
+        deadline = time.monotonic() + 60  # the uploads wait in their read, the request is decoding
+        while s.metric("aiayn_requests_decoding") < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         statuses = [_status(c) for c in stalled]

@@ -100,6 +100,18 @@ def test_mlflow_models_serve_without_a_reachable_registry_exits_with_a_message(w
     assert proc.returncode == 2 and "unreachable" in proc.stderr, proc.stderr[-2000:]
 
 
+def _wait_decoding(url: str, n: int, timeout: float = 60) -> None:
+    """Until the server's ``aiayn_requests_decoding`` gauge reads ``n`` (requests accepted, not yet
+    answered): a signal sent after this finds them in flight, whatever the host's speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("aiayn_requests_decoding ") and float(line.split()[1]) >= n:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"{n} requests never were in flight at once at {url}")
+
+
 def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path):
     port = tiny.free_port()
     log_db = tmp_path / "requests.db"
@@ -116,7 +128,7 @@ def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path
 
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(one, i) for i in range(8)]
-            time.sleep(0.3)  # the requests wait in the 1 s batching window
+            _wait_decoding(url, 8)  # every request accepted (waiting in the 1 s batching window) before the signal
             proc.send_signal(signal.SIGTERM)
             answers = [f.result() for f in futures]
         assert [a.status_code for a in answers] == [200] * 8

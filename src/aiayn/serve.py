@@ -188,7 +188,7 @@ def _parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
 
 class _State:
     def __init__(self, cfg: ServeConfig) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.cfg = cfg
         self.model: ServedModel | None = None
@@ -211,6 +211,8 @@ class _State:
                                     registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128))
         self.tokens_in = Counter("aiayn_tokens_in", "Source tokens translated (with EOS)", registry=self.registry)
         self.tokens_out = Counter("aiayn_tokens_out", "Target tokens generated", registry=self.registry)
+        self.decoding = Gauge("aiayn_requests_decoding", "Translate requests accepted and not yet decoded (waiting in "
+                              "the micro-batch queue or decoding)", registry=self.registry)
         self.prune_failures = Counter("aiayn_log_prune_failures", "Request-log prunes that failed (rolled back)",
                                       registry=self.registry)
 
@@ -470,11 +472,14 @@ def _translate_route(app, state: _State) -> None:
             log.warning("request %s: %d of %d line(s) held %d run(s) of characters the tokenizer does not know "
                         "(left out)", request_id, prepared.report.unknown_lines, prepared.report.lines,
                         sum(prepared.report.unknown_chars.values()))
+        state.decoding.inc()
         try:
             hyps = await _decode_while_connected(state, request, model, prepared, job)
         except Exception as e:  # noqa: BLE001 - a decoding failure answers 500 for this request only
             log.exception("request %s: decoding failed", request_id)
             return _error(state, 500, "decode", f"{type(e).__name__}: {e}")
+        finally:
+            state.decoding.dec()
         if hyps is None:
             return _error(state, 499, "client_gone", "the client hung up before the answer was ready")
         answer, out_tokens = _answer(model, req, job, prepared, hyps, request_id)
