@@ -60,7 +60,7 @@ run: install
 ## Two processes (tests/conftest.py groups them: a module per process, the services tier together);
 ## the summary ends with each tier's time and the host's 2-thread matmul GFLOP/s.
 test: install system-deps
-	$(PY) -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## The quick unit tier (pytest's default markers): for the edit-test loop.
 test-fast: install

@@ -19,14 +19,15 @@ from pathlib import Path
 import torch
 
 from aiayn.corpus import read_lines
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.decoders import DecodeOptions
+from aiayn.translate import Translator
 
 
 def run(translator: Translator, sources: list, *, beam_size: int, use_cache: bool, max_tokens: int) -> tuple[float, list]:
     """Seconds and outputs of one pass over ``sources`` (the same batching as ``aiayn translate``)."""
     options = DecodeOptions(beam_size=beam_size, max_tokens=max_tokens, use_cache=use_cache)
     t0 = time.perf_counter()
-    out = translator.translate_ids(sources, options)
+    out = translator.decoder.translate_ids(sources, options)
     return time.perf_counter() - t0, out
 
 

@@ -44,21 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
-    from aiayn.quantize.ct2_translate import CT2Translator
-    from aiayn.quantize.eager import eager_translate_ids
-    from aiayn.translate import DecodeOptions, Translator
+    from aiayn.decoders import CT2Decoder, DecodeOptions
+    from aiayn.translate import Translator
 
     torch.set_num_threads(args.threads)
     tr = Translator.from_dir(args.model_dir, device="cpu")
     lines = args.source.read_text(encoding="utf-8").splitlines()[: args.sentences]
     srcs = tr.encode(lines)
     opts = DecodeOptions(beam_size=4, len_penalty=0.6, max_len_a=1.0, max_len_b=50)
-    ct = CT2Translator(args.ct2, tr.tokenizer, max_positions=tr.max_positions, compute_type="float32",
-                       intra_threads=args.threads)
+    ct = CT2Decoder(args.ct2, tr.tokenizer, max_side_tokens=tr.max_side_tokens, compute_type="float32",
+                    intra_threads=args.threads)
 
     def eager() -> float:
         t0 = time.perf_counter()
-        eager_translate_ids(tr.model, srcs, opts, batch_size=args.batch)
+        tr.decoder.translate_ids(srcs, opts, batch_size=args.batch)
         return time.perf_counter() - t0
 
     def ctr() -> float:

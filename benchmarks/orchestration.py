@@ -45,7 +45,7 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from aiayn.stages import STAGES  # the pipeline's stages, in DAG order
+from pipelines.stages import STAGES, stage_module  # the pipeline's stages, in DAG order
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -95,12 +95,13 @@ def bench_in_process(root: Path, stages: list[str], modes: dict[str, str | None]
     """``{(stage, "direct" | mode): [seconds per round]}`` for stage functions and their flows."""
     from aiayn.config import load_params
     from aiayn.stages import Layout
+    from aiayn.tracking import MlflowRecorder
     from pipelines.flows import STAGE_FLOWS
 
     layout, params = Layout(root), load_params(root / "params.yaml")
 
-    def direct(stage: str) -> None:
-        importlib.import_module(f"aiayn.stages.{stage}").run(params, layout)
+    def direct(stage: str) -> None:  # with the recorder the stage's flow hands it
+        importlib.import_module(stage_module(stage)).run(params, layout, recorder=MlflowRecorder(root))
 
     def through(stage: str, url: str | None) -> None:
         with _api(url):
@@ -130,7 +131,7 @@ def bench_wrapper(root: Path, modes: dict[str, str | None], reps: int) -> dict[s
     from pipelines.flows import run_stage
 
     sys.modules["aiayn.stages.noop"] = stub = types.ModuleType("aiayn.stages.noop")
-    stub.run = lambda params, layout: {}
+    stub.run = lambda params, layout, recorder=None: {}
 
     @flow(name="noop-stage", log_prints=True)
     def noop_stage(params_path: str = "params.yaml", root: str = ".") -> dict:
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             root = scratch_project(work / "project", args.params)
         importlib.import_module("aiayn.stages.fetch").run(Layout(root), mirror=Path(args.mirror))
         for stage in STAGES:  # imports (torch, ...) outside the timings
-            importlib.import_module(f"aiayn.stages.{stage}")
+            importlib.import_module(stage_module(stage))
 
         @flow(name="noop")
         def noop() -> None:

@@ -21,18 +21,17 @@ from pathlib import Path
 
 import torch
 
+from aiayn.bundle import EAGER, ModelBundle
 from aiayn.checkpoint import save_model
 from aiayn.config import model_preset
 from aiayn.corpus import read_lines
+from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
-from aiayn.quantize.converter import load_bundle
-from aiayn.quantize.ct2_translate import CT2Translator
-from aiayn.quantize.eager import eager_translate_ids
 from aiayn.quantize.throughput import measure, thread_count
 from aiayn.quantize.variants import VARIANTS, build_ct2, dir_bytes
 from aiayn.scoring import score
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.translate import Translator
 
 
 def demo_bundle(out: Path, spm: Path) -> Path:
@@ -62,14 +61,15 @@ def main(argv: list[str] | None = None) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="aiayn-qbench-"))
     model_dir = demo_bundle(tmp / "model", Path("artifacts/tokenized/spm.model")) if args.demo else args.model_dir
-    model, tok, _ = load_bundle(model_dir)
+    bundle = ModelBundle.load(model_dir, device="cpu")
+    model, tok = bundle.model, bundle.tokenizer
     src_lines = read_lines(Path(f"{args.split}.en"))[: args.sentences]
     refs = read_lines(Path(f"{args.split}.de"))[: args.sentences]
-    sources = Translator(model, tok).encode(src_lines)
+    sources = Translator(tok, EagerDecoder(model)).encode(src_lines)
     opts = DecodeOptions(beam_size=args.beam, max_len_b=args.max_len_b)
 
-    engines = {"eager-float32": None}
-    bleu, size = {}, {"eager-float32": (model_dir / "model.safetensors").stat().st_size}
+    engines = {EAGER: None}
+    bleu, size = {}, {EAGER: (model_dir / "model.safetensors").stat().st_size}
     for name in ("ct2-float32", "ct2-int8", "ct2-int16"):
         v = VARIANTS[name]
         build_ct2(v, model, tok, tmp / name, model_dir / "spm.model")
@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> None:
         size[name] = dir_bytes(tmp / name) - (tmp / name / "spm.model").stat().st_size
 
     def decoder(name: str, threads: int, batch: int | None):
-        if name == "eager-float32":
-            return lambda s: eager_translate_ids(model, s, opts, batch_size=batch)
-        tr = CT2Translator(tmp / name, tok, max_positions=model.cfg.max_positions,
-                           compute_type=engines[name].compute_type, intra_threads=threads)
+        if name == EAGER:
+            return lambda s: EagerDecoder(model).translate_ids(s, opts, batch_size=batch)
+        tr = CT2Decoder(tmp / name, tok, max_side_tokens=model.max_side_tokens,
+                        compute_type=engines[name].compute_type, intra_threads=threads)
         return lambda s: tr.translate_ids(s, opts, batch_size=batch)
 
     for name in engines:
@@ -105,11 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in engines:
         cells = []
         for k in keys:
-            ratios = [a / b for a, b in zip(speed[(name, k)], speed[("eager-float32", k)])]
-            base = statistics.median(speed[("eager-float32", k)])
+            ratios = [a / b for a, b in zip(speed[(name, k)], speed[(EAGER, k)])]
+            base = statistics.median(speed[(EAGER, k)])
             cells.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-                         + (f" [{base:.1f} sent/s]" if name == "eager-float32" else ""))
-        print(f"| {name} | {bleu[name]:.2f} | {bleu[name] - bleu['eager-float32']:+.2f} | {size[name]:,} | " + " | ".join(cells) + " |")
+                         + (f" [{base:.1f} sent/s]" if name == EAGER else ""))
+        print(f"| {name} | {bleu[name]:.2f} | {bleu[name] - bleu[EAGER]:+.2f} | {size[name]:,} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 For each client count: ``clients`` concurrent asyncio clients each send their share of a fixed
 number of requests (1-8 sentences each, drawn with a fixed seed from the source file) and stop.
 Reported: sentences/s and p50/p95/p99 request latency (ms). Side by side, same sentences, same
-process start: the model called directly (``load_bundle`` + ``translate``) in batches of
+process start: the model called directly (``BundlePredictor`` + ``translate``) in batches of
 ``--max-batch-sentences`` (throughput) and one sentence at a time (latency). Rounds alternate
 service / direct; medians with min-max. The service runs in its own process (``aiayn serve``) so
 the clients do not share its interpreter; both sides use the same threads setting.
@@ -18,12 +18,20 @@ before answering (``--no-log``: without it, batching and transport only).
 
 Targets (issue 11): at 32 clients the service reaches >= 0.8x the direct batch throughput; at one
 client its p95 latency is <= the direct single-sentence p95 + 20 ms.
+
+``--before REV`` (issue 27) measures two services side by side instead of the service against the
+model: the code of git revision REV (exported with ``git archive`` into a temporary folder and run
+from there with this venv) and this checkout, same bundle, same settings, rounds alternating
+before/after; the table gives sentences/s and p95 of each and their ratio, e.g.
+
+    python benchmarks/serve_load.py --bundle artifacts/export --clients 1 32 100 --rounds 5 --before 5039383
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -108,6 +116,93 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q))
 
 
+def export_revision(rev: str, dst: Path) -> Path:
+    """The tree of git revision ``rev`` of this repository, unpacked into ``dst`` (no git state touched)."""
+    dst.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
+    return dst
+
+
+def service_command(root: Path | None, args: argparse.Namespace, port: int, log: Path) -> list[str]:
+    """``aiayn serve`` of this checkout (``root`` None) or of the exported tree ``root``."""
+    serve = ["serve", "--bundle", str(args.bundle), "--port", str(port), "--poll-s", "0",
+             "--max-batch-sentences", str(args.max_batch_sentences), "--max-wait-ms", str(args.max_wait_ms),
+             "--workers", str(args.workers), "--threads", str(args.threads), "--log-path", str(log)]
+    if root is None:
+        return [str(BIN / "aiayn"), *serve]
+    boot = (f"import sys; sys.path[:0] = [{str(root / 'src')!r}, {str(root)!r}]; "
+            "from aiayn.cli import main; sys.argv[0] = 'aiayn'; main()")
+    return [sys.executable, "-c", boot, *serve]
+
+
+def start_service(cmd: list[str], url: str, errors: Path) -> subprocess.Popen:
+    # own process group: LitServe's inference workers are its children and must stop with it
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(errors, "w"), start_new_session=True)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            stop_service(server)
+            raise RuntimeError(f"service did not start: {errors.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def stop_service(server: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def before_after(args: argparse.Namespace, lines: list[str], tmp: Path) -> int:
+    """``--before REV``: the two services, alternating rounds; prints the comparison table."""
+    old_root = export_revision(args.before, tmp / "before")
+    sides = {}
+    try:
+        for name, root in (("before", old_root), ("after", None)):
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            sides[name] = (start_service(service_command(root, args, port, tmp / f"{name}.db"), url,
+                                         tmp / f"{name}.log"), url)
+        for _, url in sides.values():  # warm-up of both
+            asyncio.run(run_clients(url, requests_for(lines, 20, 0), 4))
+        rows = []
+        for clients in args.clients:
+            got = {"before": ([], []), "after": ([], [])}
+            n = max(args.requests, 2 * clients)
+            for r in range(args.rounds):
+                reqs = requests_for(lines, n, 1000 * clients + r, args.most)
+                for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                    sps, lat = asyncio.run(run_clients(sides[name][1], reqs, clients))
+                    got[name][0].append(sps)
+                    got[name][1].extend(lat)
+                print(f"clients {clients} round {r}: before {got['before'][0][-1]:.1f} sent/s, "
+                      f"after {got['after'][0][-1]:.1f} sent/s", file=sys.stderr)
+            rows.append((clients, got))
+    finally:
+        for server, _ in sides.values():
+            stop_service(server)
+    print(f"Before = git {args.before}, after = this checkout. Requests of 1-{args.most} sentences, {args.rounds} "
+          f"alternating rounds of {args.requests} requests (at least 2 per client); bundle {args.bundle}; service: "
+          f"max batch {args.max_batch_sentences}, max wait {args.max_wait_ms} ms, workers {args.workers}, "
+          f"threads {args.threads}. sent/s: median (min-max) of the rounds; p95 over every request of the rounds.\n")
+    print("| clients | before sent/s | after sent/s | after / before | before p95 ms | after p95 ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for clients, got in rows:
+        (bs, bl), (as_, al) = got["before"], got["after"]
+        print(f"| {clients} | {statistics.median(bs):.1f} ({min(bs):.1f}-{max(bs):.1f}) | "
+              f"{statistics.median(as_):.1f} ({min(as_):.1f}-{max(as_):.1f}) | "
+              f"{statistics.median(as_) / statistics.median(bs):.2f} | {pct(bl, 95):.0f} | {pct(al, 95):.0f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, default=REPO / "artifacts" / "export")
@@ -122,15 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--server", choices=("aiayn", "litserve"), default="aiayn")
     ap.add_argument("--no-log", action="store_true", help="litserve only: without the durable request log")
+    ap.add_argument("--before", metavar="REV", help="compare with the service of git revision REV (see above)")
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, str(REPO / "src"))
-    from aiayn.export import load_bundle
-    from aiayn.translate import DecodeOptions
-
     lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]
-    translator, info = load_bundle(args.bundle, threads=args.threads * args.workers)
-    options = DecodeOptions(**info["decode"])
+    if args.before:
+        return before_after(args, lines, Path(tempfile.mkdtemp(prefix="aiayn-serve-load-")))
+    sys.path.insert(0, str(REPO / "src"))
+    from aiayn.export import BundlePredictor
+
+    bundle = BundlePredictor(args.bundle, threads=args.threads * args.workers)
+    translator, info, options = bundle.translator, bundle.info, bundle.options
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix="aiayn-serve-load-"))
@@ -143,19 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                "--batch-timeout-ms", str(args.max_wait_ms), "--threads", str(args.threads * args.workers)]
         if not args.no_log:  # like for like: the same durable request log as aiayn serve
             cmd += ["--log-path", str(tmp / "requests.db")]
-    # own process group: LitServe's inference workers are its children and must stop with it
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "serve.log", "w"), start_new_session=True)
+    server = start_service(cmd, url, tmp / "serve.log")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError(f"service did not start: {(tmp / 'serve.log').read_text()[-2000:]}")
-            time.sleep(0.2)
         single = direct_latency(translator, options, lines[:50])  # warm-up of both sides
         asyncio.run(run_clients(url, requests_for(lines, 20, 0), 4))
         rows = []
@@ -178,11 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         single = direct_latency(translator, options, lines[:100])
         same = direct_request_latency(translator, options, requests_for(lines, max(args.requests, 2), 1000, args.most))
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_service(server)
 
     print(f"Server: {args.server}. Requests of 1-{args.most} sentences. Machine: {os.cpu_count()} CPUs; bundle {args.bundle} ({info['variant']}, {info['runtime']}); "
           f"decode {info['decode']}; service: max batch {args.max_batch_sentences} sentences, max wait "

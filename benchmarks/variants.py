@@ -298,7 +298,8 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
 
     from aiayn.model.kv_cache import cache_bytes_per_token
     from aiayn.scoring import score
-    from aiayn.translate import DecodeOptions, Translator
+    from aiayn.decoders import DecodeOptions
+    from aiayn.translate import Translator
 
     torch.set_num_threads(1)
     tr = Translator.from_dir(model_dir, device="cpu")
@@ -306,7 +307,7 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
     src = (prepared / f"{PRIMARY}.en").read_text(encoding="utf-8").splitlines()
     ref = (prepared / f"{PRIMARY}.de").read_text(encoding="utf-8").splitlines()
     opts = DecodeOptions(beam_size=4, len_penalty=0.6, max_len_a=1.0, max_len_b=50, max_tokens=10**6)
-    out: dict[str, float] = {"kv_bytes_per_token_fp32": float(cache_bytes_per_token(tr.model.cfg, torch.float32))}
+    out: dict[str, float] = {"kv_bytes_per_token_fp32": float(cache_bytes_per_token(tr.decoder.model.cfg, torch.float32))}
     for label, lines, batch in (("b32", src[:256], 32), ("b1", src[:24], 1)):
         ids = tr.encode(lines, opts)
         speeds = []
@@ -314,7 +315,7 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
             t = time.perf_counter()
             n = 0
             for i in range(0, len(ids), batch):
-                n += sum(len(h) + 1 for h in tr.translate_ids(ids[i:i + batch], opts))  # + EOS
+                n += sum(len(h) + 1 for h in tr.decoder.translate_ids(ids[i:i + batch], opts))  # + EOS
             speeds.append(n / (time.perf_counter() - t))
         out[f"decode_tokens_per_s_{label}"] = statistics.median(speeds)
     train_src = (prepared / "train.en").read_text(encoding="utf-8").splitlines()

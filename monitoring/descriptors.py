@@ -10,7 +10,9 @@ two functions, so a difference between them is a difference in the text, not in 
   ``embedding_dims`` components fitted on the reference.
 
 Text is cleaned as ``aiayn translate`` cleans it (``aiayn.textio.clean_line``, whitespace runs
-collapsed), so the monitor sees what the model sees. No Evidently here: this module is cheap to
+collapsed) and normalised as the tokenizer normalises it (``Tokenizer.normalize``: NFKC for our
+models), so the monitor sees what the model sees: the same sentence in NFD and NFC gets the same
+descriptors (a decomposed accent is not a non-letter character). No Evidently here: this module is cheap to
 import and pure (numpy, sentencepiece through ``aiayn.tokenizer``, torch for the encoder).
 """
 
@@ -28,7 +30,7 @@ __all__ = ["DESCRIPTORS", "DESCRIPTOR_DOCS", "clean", "describe", "source_side_t
 
 #: Descriptor -> what it measures (units). The order is the report's.
 DESCRIPTOR_DOCS: dict[str, str] = {
-    "chars": "length in characters (after cleaning)",
+    "chars": "length in characters (after cleaning and the tokenizer's normalisation)",
     "words": "whitespace-separated words",
     "pieces": "sentencepiece pieces (the model's tokens, EOS not counted)",
     "pieces_per_word": "pieces / words: rises for words the tokenizer did not learn (other language, noise)",
@@ -60,7 +62,7 @@ def describe(sentences: Sequence[str], tokenizer, source_side: np.ndarray) -> di
     """
     if source_side.shape != (tokenizer.vocab_size,):
         raise ValueError(f"source_side has shape {source_side.shape}, the tokenizer has {tokenizer.vocab_size} pieces")
-    texts = clean(sentences)
+    texts = tokenizer.normalize(clean(sentences))
     ids = tokenizer.encode(texts)
     n = len(texts)
     chars = np.fromiter((len(t) for t in texts), dtype=np.float64, count=n)
@@ -108,21 +110,25 @@ def source_side_table(src_ids: np.ndarray, tgt_ids: np.ndarray, vocab_size: int)
 def encoder_embeddings(translator, sentences: Sequence[str], *, batch_tokens: int = 8000) -> np.ndarray:
     """Mean-pooled encoder output of each sentence: ``(n, d_model)`` float32.
 
-    ``translator``: ``aiayn.translate.Translator`` (the trained model, any device). Each sentence is
+    ``translator``: ``aiayn.translate.Translator`` over an ``aiayn.decoders.EagerDecoder`` (the trained
+    model, any device; ``Translator.from_dir``). Each sentence is
     prepared as the model translates it (cleaned, unknown characters dropped, EOS appended; a line
     longer than the model accepts is truncated to its limit); a blank sentence is EOS alone. The
     encoder output ``(B, S, d_model)`` (Vaswani et al. 2017, Section 3.1) is averaged over the
     non-pad positions. Batches hold at most ``batch_tokens`` padded source tokens, sorted by
-    length; results come back in input order. Deterministic for a given machine and thread count.
+    length (``aiayn.decoders.sorted_batches``, as decoding batches them); results come back in input
+    order. Deterministic for a given machine and thread count.
     """
     import logging
 
     import torch
 
     from aiayn.batching import pad_batch
+    from aiayn.decoders import sorted_batches
 
     n = len(sentences)
-    out = np.zeros((n, translator.model.cfg.d_model), dtype=np.float32)
+    model = translator.decoder.model
+    out = np.zeros((n, model.cfg.d_model), dtype=np.float32)
     if n == 0:
         return out
     quiet = logging.getLogger("aiayn.translate")
@@ -133,21 +139,14 @@ def encoder_embeddings(translator, sentences: Sequence[str], *, batch_tokens: in
     finally:
         quiet.setLevel(level)
     units = [prep.units[a] if b > a else np.asarray([EOS_ID], dtype=np.int64) for a, b in prep.spans]
-    order = sorted(range(n), key=lambda i: len(units[i]))
     device = translator.device
     with torch.inference_mode():
-        start = 0
-        while start < n:
-            end = start + 1
-            while end < n and (end - start + 1) * len(units[order[end]]) <= batch_tokens:
-                end += 1
-            idx = order[start:end]
+        for idx in sorted_batches(units, max_tokens=batch_tokens):
             src = pad_batch([units[i] for i in idx]).to(device)  # (B, S)
-            memory, pad = translator.model.encode(src)  # (B, S, d_model), (B, S) True = pad
+            memory, pad = model.encode(src)  # (B, S, d_model), (B, S) True = pad
             keep = (~pad).unsqueeze(-1).to(memory.dtype)  # (B, S, 1)
             pooled = (memory * keep).sum(1) / keep.sum(1).clamp_min(1.0)  # (B, d_model)
             out[idx] = pooled.float().cpu().numpy()
-            start = end
     return out
 
 

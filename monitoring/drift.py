@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -152,32 +151,28 @@ def read_text_window(path: str | Path) -> list[str]:
     return [s for s in lines if s.strip()]
 
 
-def read_log_window(path: str | Path, size: int) -> tuple[list[str], dict[str, Any]]:
-    """The last ``size`` sentences of the serving request log (``aiayn.serve.RequestLog``), oldest first.
+def read_log_window(target: str | Path, size: int) -> tuple[list[str], dict[str, Any]]:
+    """The last ``size`` sentences of the serving request log, oldest first, read through
+    ``aiayn.request_log`` (``target``: the SQLite file, opened read-only so a running service is
+    never blocked, or a PostgreSQL URL: the log replicas share).
 
-    Returns ``(sentences, info)`` with ``info = {"log": path, "first_ts", "last_ts", "model_versions"}``
-    (Unix seconds; the model versions that answered them). Opens the database read-only, so a
-    running service is never blocked. Raises ``DriftCheckError`` for a missing log, a file that is
-    not a request log, or any SQLite error.
+    Returns ``(sentences, info)`` with ``info = {"log": where (no password), "first_ts", "last_ts",
+    "model_versions"}`` (Unix seconds; the model versions that answered them). Raises
+    ``DriftCheckError`` for a missing log, a file that is not a request log, or any database error.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DriftCheckError(f"no serving log at {path}: start `aiayn serve` (it writes the log), or pass --input FILE")
+    from aiayn.request_log import RequestLogError, is_url, open_request_log, redact
+
+    where = redact(str(target)) if is_url(target) else str(target)
+    if not is_url(target) and not Path(target).is_file():
+        raise DriftCheckError(f"no serving log at {target}: start `aiayn serve` (it writes the log), or pass --input FILE")
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-        try:
-            rows = db.execute(
-                "SELECT s.source, s.ts, r.model_version FROM sentences s LEFT JOIN requests r "
-                "ON r.request_id = s.request_id ORDER BY s.ts DESC, s.request_id DESC, s.idx DESC LIMIT ?",
-                (int(size),)).fetchall()
-        finally:
-            db.close()
-    except sqlite3.Error as e:
-        raise DriftCheckError(f"serving log {path} is unreadable ({type(e).__name__}: {e})") from None
-    rows.reverse()
-    info = {"log": str(path), "first_ts": rows[0][1] if rows else None, "last_ts": rows[-1][1] if rows else None,
-            "model_versions": sorted({str(r[2]) for r in rows if r[2] is not None})}
-    return [r[0] for r in rows if r[0].strip()], info
+        with open_request_log(target, read_only=True) as request_log:
+            rows = request_log.latest(int(size))
+    except RequestLogError as e:
+        raise DriftCheckError(f"serving log {where} is unreadable ({e})") from None
+    info = {"log": where, "first_ts": rows[0].ts if rows else None, "last_ts": rows[-1].ts if rows else None,
+            "model_versions": sorted({str(r.model_version) for r in rows if r.model_version is not None})}
+    return [r.source for r in rows if r.source.strip()], info
 
 
 # --------------------------------------------------------------------------- the check
@@ -410,11 +405,14 @@ def _open_translator(layout: Layout, ref: Reference):
 
 
 def run_check(params: Params, layout: Layout, *, input_path: str | Path | None = None,
-              out_dir: str | Path | None = None, track: bool = True) -> tuple[dict[str, Any], Path | None]:
+              out_dir: str | Path | None = None, track: bool = True,
+              log_url: str | None = None) -> tuple[dict[str, Any], Path | None]:
     """Read the window, check it, write the reports; returns ``(summary, report folder)``.
 
     Window: ``input_path`` (a text file, one sentence per line), else the last
-    ``monitor.window_size`` sentences of ``monitor.log_path`` (relative to the project root).
+    ``monitor.window_size`` sentences of the serving log: ``log_url`` (a PostgreSQL URL), else
+    ``AIAYN_REQUEST_LOG_URL`` (``aiayn.settings``), else ``monitor.log_path`` (relative to the
+    project root).
     The folder (default ``artifacts/drift/<UTC time>``) gets ``summary.json`` always and
     ``report.html``/``embeddings.html`` when the tests ran. Raises ``DriftCheckError`` (exit 2).
     """
@@ -429,9 +427,12 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
         sentences = read_text_window(input_path)
         source = {"file": str(input_path)}
     else:
+        from aiayn.settings import Settings
+
         log_path = Path(cfg.log_path)
-        log_path = log_path if log_path.is_absolute() else layout.root / log_path
-        sentences, source = read_log_window(log_path, cfg.window_size)
+        target = log_url or Settings.from_env().request_log_url or (
+            log_path if log_path.is_absolute() else layout.root / log_path)
+        sentences, source = read_log_window(target, cfg.window_size)
     if not sentences:
         where = source.get("file") or source.get("log")
         raise DriftCheckError(f"the window ({where}) holds no sentences: nothing to check")

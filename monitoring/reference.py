@@ -15,7 +15,8 @@ tokenizer and encoded splits (``artifacts/tokenized``) and the trained model
 
 Deterministic: the same inputs give the same bytes (seeded sample, full-SVD PCA, safetensors), so
 ``dvc.lock`` repeats. Written atomically (the folder is swapped in whole). In ``dvc.yaml`` it runs
-after ``export`` (its last stage): the reference belongs to the model that ships.
+after ``export``, as the last stage: the reference belongs to the model that ships, and its run ends
+the pipeline run (``RECORD``).
 
 Errors: ``FileNotFoundError`` for a missing input (naming the stage that makes it),
 ``ValueError`` for an empty training split or more PCA components than the data allows.
@@ -31,10 +32,11 @@ import numpy as np
 
 from aiayn.config import Params
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.stages import Layout
 from monitoring.descriptors import DESCRIPTORS, Pca, describe, encoder_embeddings, source_side_table
 
-__all__ = ["run", "FILES", "REFERENCE_PARAMS", "reference_dir"]
+__all__ = ["run", "FILES", "REFERENCE_PARAMS", "RECORD", "reference_dir"]
 
 log = logging.getLogger("aiayn.monitor")
 
@@ -42,6 +44,8 @@ log = logging.getLogger("aiayn.monitor")
 FILES = ("reference.safetensors", "reference.json")
 #: ``monitor`` params that change the reference (``dvc.yaml`` lists them); the rest shape the check.
 REFERENCE_PARAMS = ("reference_sentences", "reference_seed", "embedding_dims")
+#: How a monitor_reference run is recorded: the pipeline's last stage, so its end ends the pipeline run.
+RECORD = StageRecord("monitor_reference", ends_pipeline=True)
 
 
 def reference_dir(layout: Layout) -> Path:
@@ -61,8 +65,9 @@ def _summary(values: np.ndarray) -> dict[str, float]:
             "p05": round(float(q[0]), 6), "p50": round(float(q[1]), 6), "p95": round(float(q[2]), 6)}
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Build the drift reference (module doc); return a small summary (sentences, dims, seconds)."""
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Build the drift reference (module doc), record its params and size into ``recorder``; return a
+    small summary (sentences, dims, seconds)."""
     import time
 
     import torch
@@ -70,7 +75,6 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
 
     from aiayn.corpus import read_lines
     from aiayn.tokenizer import load_encoded
-    from aiayn.tracking import Tracker
     from aiayn.translate import Translator
 
     t0 = time.perf_counter()
@@ -121,7 +125,7 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     log.info("drift reference: %d sentences, %d descriptors, %d-dim embeddings (PCA keeps %.1f %% of the "
              "variance) in %.1f s", len(sentences), len(DESCRIPTORS), m.embedding_dims, 100 * explained, seconds)
-    with Tracker("monitor_reference", project_root=layout.root) as tracker:
+    with recorder.start(RECORD) as tracker:
         tracker.log_params({f"monitor.{k}": getattr(m, k) for k in REFERENCE_PARAMS})
         tracker.log_metrics({"reference.sentences": len(sentences), "reference.pca_explained_variance": explained},
                             step=0)

@@ -1,20 +1,21 @@
-"""Prefect orchestration of the aiayn stages.
+"""Prefect orchestration of the aiayn stages: the pipeline's stages and their order, one flow per
+stage, the ``pipeline`` flow (``dvc repro`` -> ``dvc push`` -> report), the drift-check flow, and the
+deployments that schedule them.
 
-``flows``     one thin flow per stage (fetch, prepare, tokenize, train, evaluate)
-``stage``     ``python -m pipelines.stage <name>``: what each ``dvc.yaml`` cmd runs
-``pipeline``  the ``pipeline`` flow: ``dvc repro`` -> ``dvc push`` -> markdown report
-``deploy``    deployments, schedules and the work pool, kept apart from flow code
-``scratch``   a throwaway copy of the project (smoke runs, tests, benchmarks)
+The pure core (``src/aiayn``) never imports Prefect or DVC; everything here is a wrapper over the
+same stage functions the CLI calls.
 
-The pure core (``src/aiayn``) never imports Prefect or DVC; everything here is a
-wrapper over the same ``aiayn.stages.<name>.run`` the CLI calls.
+Importing ``pipelines`` changes nothing in the process. ``apply_project_env`` sets the settings
+every process that runs a flow needs (``PROJECT_ENV_DEFAULTS``); the mains (``python -m
+pipelines.<module>``) call it first, and the modules that import Prefect call it just before, since
+Prefect reads its settings once, when it is imported (a deployment's flow run imports its flow's
+module directly). So ``dvc repro``, ``python -m pipelines.stage``, the worker and ``make run``
+behave alike, with no Makefile or shell setup.
 """
 
 import os as _os
 
-#: Settings every entry point that starts a flow needs, applied when ``pipelines`` is first
-#: imported (before Prefect is): ``dvc repro``, ``python -m pipelines.stage``, the worker and
-#: ``make run`` behave alike, with no Makefile or shell setup. A value the user already set wins.
+#: Set by ``apply_project_env`` unless already set (a value the user set wins).
 PROJECT_ENV_DEFAULTS = {
     # a cold temporary API (fresh database, 2 busy cores) needs more than Prefect's 20 s default
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
@@ -23,5 +24,13 @@ PROJECT_ENV_DEFAULTS = {
     "DO_NOT_TRACK": "1",
     "DVC_NO_ANALYTICS": "1",
 }
-for _key, _value in PROJECT_ENV_DEFAULTS.items():
-    _os.environ.setdefault(_key, _value)
+
+
+def apply_project_env() -> None:
+    """Set ``PROJECT_ENV_DEFAULTS`` and aiayn's process defaults (``aiayn.settings``) in ``os.environ``,
+    each unless already set."""
+    from aiayn.settings import apply_process_defaults
+
+    for key, value in PROJECT_ENV_DEFAULTS.items():
+        _os.environ.setdefault(key, value)
+    apply_process_defaults()

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from aiayn.settings import DVC_REMOTE_ENV
+
 if TYPE_CHECKING:
     from prefect import Flow
     from prefect.deployments.runner import RunnerDeployment
@@ -109,7 +111,7 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
     ),
     DeploymentSpec(
         name="hourly",
-        flow="monitoring.flows:drift",
+        flow="pipelines.drift:drift",
         cron="0 * * * *",
         timezone="UTC",
         concurrency_limit=1,
@@ -126,7 +128,7 @@ K8S_WORK_POOL_TYPE = "kubernetes"
 #: Variables every cluster flow run gets from the deploying environment (where the team's services
 #: are): the MLflow server, the S3 DVC remote and the Prefect API. Credentials never travel this way:
 #: they come from the Kubernetes Secret ``ClusterJob.s3_secret`` (``envFrom``).
-CLUSTER_ENV = ("MLFLOW_TRACKING_URI", "AIAYN_DVC_REMOTE", "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL")
+CLUSTER_ENV = ("MLFLOW_TRACKING_URI", DVC_REMOTE_ENV, "AWS_ENDPOINT_URL_S3", "PREFECT_API_URL")
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,9 @@ def _describe(spec: DeploymentSpec) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``deploy``, ``serve`` or ``list`` (see the module doc)."""
+    from pipelines import apply_project_env
+
+    apply_project_env()  # before Prefect is imported
     parser = argparse.ArgumentParser(prog="python -m pipelines.deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_deploy = sub.add_parser("deploy", help="register the deployments on the Prefect server")

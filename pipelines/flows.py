@@ -13,9 +13,9 @@ transfers), with exponential back-off and only for transient errors
 ``OSError`` fails at once: retrying cannot fix them, only delay the message. Compute stages (prepare, tokenize, train,
 evaluate) are never retried: a failure there is a bug or bad input, and
 re-running a 45-minute training would only repeat it. MLflow calls happen in
-the stages' ``aiayn.tracking.Tracker``, which bounds its own HTTP retries and
-never fails a stage (it disables itself with one warning), so a Prefect retry
-around them would have nothing to catch.
+the MLflow recorder each stage is handed (``aiayn.tracking.MlflowRecorder``), which
+bounds its own HTTP retries and never fails a stage (it disables itself with one
+warning), so a Prefect retry around them would have nothing to catch.
 
 Partial outputs: every stage writes atomically (``aiayn.io``: files renamed
 into place, directories swapped in whole), so a failed stage leaves no output
@@ -34,15 +34,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect import Flow, flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled
-from prefect.tasks import exponential_backoff
+from pipelines import apply_project_env
 
-from aiayn.checks import load_checked
-from aiayn.config import Params
-from aiayn.retry import is_transient as core_is_transient
-from aiayn.stages import Layout, stage_module
+apply_project_env()  # before Prefect is imported: it reads its settings once
+
+from prefect import Flow, flow, get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.states import Cancelled  # noqa: E402
+from prefect.tasks import exponential_backoff  # noqa: E402
+
+from aiayn.checks import load_checked  # noqa: E402
+from aiayn.config import Params  # noqa: E402
+from aiayn.retry import is_transient as core_is_transient  # noqa: E402
+from aiayn.stages import Layout  # noqa: E402
+from pipelines.stages import stage_module  # noqa: E402
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -154,11 +159,16 @@ def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
 
 @task(name="run-stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
 def run_stage(stage: str, params: Params, layout: Layout) -> dict:
-    """Run the stage's ``run(params, layout)`` (``aiayn.stages.stage_module``) and return its summary (never retried)."""
+    """Run the stage's ``run(params, layout, recorder)`` (``pipelines.stages.stage_module``) with the MLflow
+    recorder of ``layout.root`` and return its summary (never retried)."""
+    from aiayn.settings import Settings
+    from aiayn.tracking import MlflowRecorder
+
     module = importlib.import_module(stage_module(stage))
+    recorder = MlflowRecorder(layout.root, settings=Settings.from_env())
     try:
         with stage_logs_to_prefect():
-            summary = module.run(params, layout)
+            summary = module.run(params, layout, recorder=recorder)
     except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; one line, no traceback
         get_run_logger().warning("%s interrupted: %s", stage, e)
         return {INTERRUPTED_KEY: str(e)}

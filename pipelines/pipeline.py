@@ -4,7 +4,7 @@ One run of this flow is one pipeline run:
 
 1. **Tracking**: opens an MLflow record through ``aiayn.tracking.Tracker``
    (child run ``orchestrate`` under a fresh parent run) and exports the parent's id as
-   ``AIAYN_PARENT_RUN_ID``, so every stage's tracker nests under the same parent. The
+   ``AIAYN_PARENT_RUN_ID``, so every stage's run nests under the same parent. The
    parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
    pipeline: when MLflow is unreachable the tracker disables itself (one warning).
 0. **Check**: ``aiayn.checks.load_checked`` reports every problem of ``params.yaml`` at once
@@ -25,7 +25,8 @@ One run of this flow is one pipeline run:
    without a remote is *reported, not fatal*: the
    report says "not pushed" with DVC's reason. (The project's ``.dvc/config`` is where a
    remote belongs, e.g. ``dvc remote add -d local ../.dvc-remote``; this flow never edits it.)
-5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``): BLEU / chrF /
+5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``), whose FIRST line says when
+   training was cut by the clock or a signal (``artifacts/train_metrics.json`` ``budget``): BLEU / chrF /
    lowercased-tokenized BLEU per test set with their sacreBLEU signatures
    (``artifacts/eval_metrics.json``, ``artifacts/eval/scores.json``), the MLflow run
    link, the raw data hash (``data.dvc`` / ``dvc.lock``), the stages DVC ran and the push result.
@@ -42,25 +43,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_client, get_run_logger, runtime, task
-from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
+from pipelines import apply_project_env
 
-from aiayn.checks import load_checked
-from aiayn.stages import Layout
-from aiayn.tracking import Tracker, dvc_data_hashes
-from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task
-from pipelines.stage import ERROR_FILE_ENV, PIPELINE_RUN_ENV
+apply_project_env()  # before Prefect is imported: it reads its settings once
 
-__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY", "REMOTE_ENV"]
+from prefect import flow, get_client, get_run_logger, runtime, task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from aiayn.checks import load_checked  # noqa: E402
+from aiayn.lineage import dvc_data_hashes  # noqa: E402
+from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
+from aiayn.stages import Layout  # noqa: E402
+from aiayn.tracking import Tracker  # noqa: E402
+from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task  # noqa: E402
+
+__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
 
 #: Key of the markdown artifact (Prefect UI -> Artifacts); lowercase letters, digits, dashes.
 REPORT_KEY = "aiayn-pipeline-report"
-#: Names the DVC remote the flow pushes to (``.dvc/config`` defines ``local`` and ``s3``); unset: the default.
-REMOTE_ENV = "AIAYN_DVC_REMOTE"
-
-#: Environment variable the stage trackers read to nest under this run's MLflow parent.
-PARENT_RUN_ENV = "AIAYN_PARENT_RUN_ID"
 
 
 class StageFailedError(RuntimeError):
@@ -110,7 +111,7 @@ def dvc_repro(root: str, env: dict[str, str | None]) -> list[str]:
     logger = get_run_logger()
     with tempfile.TemporaryDirectory(prefix="aiayn-repro-") as tmp:
         error_file = Path(tmp) / "stage-error.txt"
-        with _environ({**env, ERROR_FILE_ENV: str(error_file)}):
+        with _environ({**env, STAGE_ERROR_FILE_ENV: str(error_file)}):
             try:
                 # DVC's Python API resolves paths against the cwd (as `dvc` does after `--cd`)
                 with contextlib.chdir(root), Repo(root) as repo:
@@ -165,7 +166,7 @@ def dvc_push(root: str) -> dict[str, Any]:
 
     logger = get_run_logger()
     with contextlib.chdir(root), Repo(root) as repo:
-        remote = os.environ.get(REMOTE_ENV) or repo.config["core"].get("remote")
+        remote = Settings.from_env().dvc_remote or repo.config["core"].get("remote")
         try:
             pushed = repo.push(remote=remote)
         except NoRemoteError as e:
@@ -185,7 +186,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _data_hashes(root: Path) -> dict[str, str] | str:
-    """``aiayn.tracking.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
+    """``aiayn.lineage.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
     try:
         return dvc_data_hashes(root)
     except (OSError, ValueError) as e:
@@ -203,15 +204,23 @@ def render_report(
     ran: list[str],
     push: dict[str, Any] | None,
     title: str = "aiayn pipeline run",
+    training: dict[str, Any] | None = None,
 ) -> str:
     """Markdown for the pipeline report (pure function of its inputs).
 
     ``metrics``: ``{split: {"bleu", "chrf", "bleu_lc_tok"}}`` (0-100, sacreBLEU);
     ``scores``: ``artifacts/eval/scores.json`` (``{split: {..., "bleu_signature", ...}}``);
     ``data_hashes``: ``{path: dvc md5}`` or why they are unavailable; ``data_status``: the
-    ``dvc_cache_data`` result; ``push``: the ``dvc_push`` result or None (skipped).
+    ``dvc_cache_data`` result; ``push``: the ``dvc_push`` result or None (skipped); ``training``:
+    ``artifacts/train_metrics.json`` (its ``budget`` line opens the report: a run cut by the clock or a
+    signal says so before anything else, since its scores are not the configured model's).
     """
-    lines = [f"# {title}", ""]
+    budget = (training or {}).get("budget")
+    lines = [f"> **WARNING: training {budget}**", ""] if budget and budget.startswith("CUT") else []
+    lines += [f"# {title}", ""]
+    if budget:
+        lines += [f"Training: {budget}" + (f"; model: {_selection_text(training)}" if training.get("selection") else ""),
+                  ""]
     if metrics:
         lines += ["| test set | BLEU | chrF | BLEU (lc, tok) |", "|---|---:|---:|---:|"]
         for split, m in metrics.items():
@@ -244,6 +253,12 @@ def render_report(
     else:
         lines.append(f"- DVC remote `{push['remote']}`: pushed {push['pushed']} file(s)")
     return "\n".join(lines) + "\n"
+
+
+def _selection_text(training: dict[str, Any]) -> str:
+    sel = training["selection"]
+    what = "a single checkpoint" if sel.get("kind") == "single" else "an average of checkpoints"
+    return f"{what} ({sel.get('method')}{', replaced by the validated choice' if sel.get('replaced') else ''})"
 
 
 @task(name="publish-report", cache_policy=NO_CACHE, persist_result=False)
@@ -289,6 +304,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             ran=ran,
             push=pushed,
             title=f"aiayn pipeline run {runtime.flow_run.name}",
+            training=_read_json(layout.train_metrics),
         )
         artifact_id = publish_report(markdown)
         parent_run_id = tracker.parent_run_id

@@ -7,7 +7,8 @@ project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
 ``dest/params.yaml``  ``params`` fully resolved (every key written out, so each key
                       ``dvc.yaml`` tracks exists; loads back to the same ``Params``)
 ``dest/dvc.yaml``     the project's DAG, unchanged
-``dest/*.dvc``        the project's data versions (``data.dvc``), unchanged
+``dest/*.dvc``        the project's data versions (``data.dvc``), unchanged, and its ``.dvcignore``
+                      (``git=True``: its ``.gitignore`` too)
 ``dest/src/``         a copy of the core's sources (the stages' DVC ``deps``; the code
                       that runs is still the installed ``aiayn``)
 ``dest/.dvc/``        ``dvc init --no-scm`` (``git=True``: ``git init`` + ``dvc init``, what
@@ -80,8 +81,12 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
     (dest / "params.yaml").write_text(resolved_params_yaml(params), encoding="utf-8")
     if load_params(dest / "params.yaml") != load_params(params):
         raise AssertionError(f"resolved params of {params} do not load back to the same values")
-    for name in ["dvc.yaml", *(p.name for p in source.glob("*.dvc") if p.is_file())]:
-        shutil.copyfile(source / name, dest / name)
+    # .dvcignore keeps bytecode caches out of the code deps' hashes; .gitignore (git only) keeps DVC's
+    # data and outputs out of git, as in the project itself
+    extras = [".dvcignore", *((".gitignore",) if git else ())]
+    for name in ["dvc.yaml", *(p.name for p in source.glob("*.dvc") if p.is_file()), *extras]:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, dest / name)
     for code in ("src", "monitoring"):  # dvc.yaml's code deps
         shutil.copytree(source / code, dest / code, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     if git:

@@ -22,18 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 
-__all__ = ["main", "ERROR_FILE_ENV", "PIPELINE_RUN_ENV"]
-
-#: File the failing stage's message is written to, when set.
-ERROR_FILE_ENV = "AIAYN_STAGE_ERROR_FILE"
-#: Prefect flow run id of the enclosing ``pipeline`` run, when set.
-PIPELINE_RUN_ENV = "AIAYN_PIPELINE_RUN_ID"
-#: Exit status of an interrupted stage (128 + SIGINT, as a shell reports Ctrl-C).
-INTERRUPTED_EXIT = 130
+__all__ = ["main"]
 
 
 def _parser(stages: list[str]) -> argparse.ArgumentParser:
@@ -54,8 +46,14 @@ def _failure_message(state) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, run the stage's flow, return the exit status (0 ok, 1 stage failed)."""
-    from pipelines.flows import STAGE_FLOWS  # imports Prefect; after argparse so --help stays fast
+    """Parse ``argv``, run the stage's flow, return the exit status (0 ok, 1 stage failed, 130 interrupted)."""
+    from pipelines import apply_project_env
+
+    apply_project_env()  # before Prefect and torch are imported
+
+    from aiayn.exitcodes import EXIT_INTERRUPTED
+    from aiayn.settings import Settings
+    from pipelines.flows import STAGE_FLOWS  # imports Prefect
 
     args = _parser(list(STAGE_FLOWS)).parse_args(argv)
     flow = STAGE_FLOWS[args.stage]
@@ -64,25 +62,26 @@ def main(argv: list[str] | None = None) -> int:
 
     from prefect import tags
 
-    pipeline_run = os.environ.get(PIPELINE_RUN_ENV)
+    settings = Settings.from_env()
+    pipeline_run = settings.pipeline_run_id
     try:
         with tags(f"pipeline-run:{pipeline_run}") if pipeline_run else contextlib.nullcontext():
             state = flow(**kwargs, return_state=True)
     except KeyboardInterrupt:  # Ctrl-C outside the stage's own handler (start-up, data loading)
         print(f"stage {args.stage} interrupted", file=sys.stderr)
-        return INTERRUPTED_EXIT
+        return EXIT_INTERRUPTED
     if state.is_completed():
         return 0
     if state.is_cancelled():  # the stage stopped on Ctrl-C/SIGTERM after saving its state
         print(f"stage {args.stage} interrupted: {state.message}", file=sys.stderr)
-        return INTERRUPTED_EXIT
+        return EXIT_INTERRUPTED
 
     message = f"stage {args.stage} failed: {_failure_message(state)}"
     print(message, file=sys.stderr)
-    if error_file := os.environ.get(ERROR_FILE_ENV):
+    if settings.stage_error_file is not None:
         from aiayn.io import atomic_write_text
 
-        atomic_write_text(error_file, message + "\n")
+        atomic_write_text(settings.stage_error_file, message + "\n")
     return 1
 
 

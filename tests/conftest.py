@@ -5,11 +5,10 @@
 - ``smoke_pipeline``: the smoke configuration's whole pipeline, built ONCE per run through the
   ``pipeline`` flow and shared by every test that checks a finished pipeline
   (``test_dvc_pipeline``, ``test_pipelines``);
-- ``pytest -n 2`` (pytest-xdist, ``make test``): ``pytest_collection_modifyitems`` puts each
-  module in one ``xdist_group`` (module-scoped fixtures are built once), the modules sharing
-  ``smoke_pipeline`` in one group, and the services tier (real PostgreSQL, MLflow and Prefect
-  servers, a browser) in one group that runs its modules one after the other; the heaviest
-  groups are queued first.
+- ``pytest -n 2`` (pytest-xdist, ``make test``): ``pytest_xdist_make_scheduler`` runs each module
+  in one process (module-scoped fixtures are built once), the modules sharing ``smoke_pipeline``
+  in one group, and the services tier (real PostgreSQL, MLflow and Prefect servers, a browser)
+  in one group that runs its modules one after the other; the heaviest groups are queued first.
 """
 
 import atexit
@@ -25,9 +24,11 @@ import torch
 # Must be set before any @triton.jit runs: the interpreter on CPU-only machines, compiled kernels on CUDA.
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what every aiayn process sets where it starts (aiayn.settings)
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face folders are read from disk only, never the hub
 if "PREFECT_HOME" not in os.environ:  # before Prefect is imported; removed when the process ends
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="aiayn-prefect-home-")
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
@@ -43,8 +44,10 @@ DEFAULT_MIRROR = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SMOKE = REPO_ROOT / "configs" / "smoke.yaml"
 BIN = Path(sys.executable).parent
 
-#: xdist groups: modules that share one session fixture run in one process, one after the other.
+#: Process groups under xdist: modules that share one session fixture, or must not run beside each
+#: other, run in one process, one after the other.
 SHARED_GROUPS = {"test_dvc_pipeline": "smoke-pipeline", "test_pipelines": "smoke-pipeline",
+                 "test_hf_marian": "smoke-pipeline",
                  "test_real_services": "services", "test_prefect_services": "services",
                  "test_serving_services": "services"}
 #: Groups to queue first (longest first, seconds on a 2-core host): the two processes then end together.
@@ -52,18 +55,30 @@ HEAVY_FIRST = ("smoke-pipeline", "services", "test_distributed", "test_train", "
                "test_translate", "test_serve", "test_variants_study", "test_tracking", "test_flash_attention")
 
 
+def _group(nodeid: str) -> str:
+    """The process group of a test: its module, or the shared group ``SHARED_GROUPS`` names."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return SHARED_GROUPS.get(module, module)
+
+
 def pytest_collection_modifyitems(config, items):
-    """One ``xdist_group`` per module (``SHARED_GROUPS`` merges some); heaviest groups first."""
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, module)))
+    """Heaviest groups first (``HEAVY_FIRST``), so the two processes finish together; file order kept
+    within a group (stable sort)."""
     rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
 
-    def group(item) -> str:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        return SHARED_GROUPS.get(module, module)
 
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: file order kept within a group
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N``: every test of one group runs in one process, in collection order (xdist's own
+    ``--dist loadgroup`` reads ``xdist_group`` marks into node ids, which pytest 9 no longer lets a
+    plugin rewrite, so the groups are given to xdist's scope scheduler here)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +141,12 @@ def smoke_pipeline(tmp_path_factory, prefect_harness, multi30k_mirror) -> dict:
     }
     for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
         env.pop(name, None)
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID")}
-    os.environ["OMP_NUM_THREADS"] = "1"  # the stage processes DVC starts: one core each
-    for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
-        os.environ.pop(name, None)
     t0 = time.perf_counter()
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")  # the stage processes DVC starts: one core each
+        for name in ("MLFLOW_TRACKING_URI", "AIAYN_PARENT_RUN_ID"):
+            mp.delenv(name, raising=False)
         state = pipeline(root=str(root), mirror=str(multi30k_mirror), return_state=True)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     seconds = time.perf_counter() - t0
     assert state.is_completed(), state.message
     return {"root": root, "env": env, "state": state, "result": state.result(), "seconds": seconds}

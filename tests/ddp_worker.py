@@ -13,7 +13,6 @@ the final checkpoint's (full tensors also under FSDP).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from safetensors.torch import save_file
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.distributed import init_process_group, world_from_env
+from aiayn.settings import Settings
 from aiayn.train import train
 from test_train import MODEL, cfg, synthetic_split
 
@@ -32,7 +32,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     world = world_from_env()
     init_process_group(world, torch.device("cpu"))
-    sleep = float(os.environ.get("AIAYN_TEST_STEP_SLEEP", "0"))
+    settings = Settings.from_env()
+    sleep = settings.test_step_sleep
     steps: dict[int, list[float]] = {}
 
     def on_step(step: int, m: dict[str, float]) -> None:
@@ -41,7 +42,7 @@ def main() -> int:
             f.write(f"{step}\n")
         time.sleep(sleep)
 
-    mode = os.environ.get("AIAYN_TEST_DISTRIBUTED", "ddp")
+    mode = settings.test_distributed
     result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
                               distributed=mode),
                    synthetic_split(96), None, ckpt, on_step=on_step, world=world)

@@ -16,7 +16,7 @@ class LogitBias(torch.nn.Module):
     def __init__(self, inner: torch.nn.Module, bias: dict[int, float] | None = None) -> None:
         super().__init__()
         self.inner, self.bias, self.batch_sizes = inner, dict(bias or {}), []
-        self.max_positions = inner.max_positions
+        self.max_side_tokens = inner.max_side_tokens
 
     def encode(self, src):
         return self.inner.encode(src)

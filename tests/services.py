@@ -97,7 +97,9 @@ def require(binary: str, *, hint: str) -> str:
     if found:
         return found
     message = f"{binary} not found: {hint}"
-    if os.environ.get("AIAYN_REQUIRE_SERVICES") == "1":
+    from aiayn.settings import Settings
+
+    if Settings.from_env().require_services:
         pytest.fail(message)
     pytest.skip(message)
 

@@ -30,7 +30,7 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 
 #: Services that may publish ports, and the host ports they publish (all on 127.0.0.1).
-PUBLISHED = {"mlflow": {5000}, "prefect-server": {4200}, "minio": {9001}, "serve": {8000}}
+PUBLISHED = {"mlflow": {5000}, "prefect-server": {4200}, "minio": {9001}, "serve": {8000, 8001}}  # serve: 2 replicas
 EXPECTED_SERVICES = {"postgres", "minio", "minio-init", "mlflow", "prefect-server", "prefect-worker", "serve"}
 #: Variables whose value is a secret: in .env.example they must be obvious placeholders.
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|PRIVATE|_KEY$)", re.IGNORECASE)
@@ -146,9 +146,11 @@ def check_ports(compose: dict[str, Any], allowed: dict[str, set[int]] = PUBLISHE
     for name, svc in _services(compose).items():
         for port in svc.get("ports") or []:
             ip, host_port = _port_binding(port)
+            first, _, last = host_port.partition("-")  # a range: one host port per replica
             if name not in allowed:
                 problems.append(f"{name}: publishes {port!r} but should publish nothing")
-            elif not host_port.isdigit() or int(host_port) not in allowed[name]:
+            elif not (first.isdigit() and (last or first).isdigit()) or not (
+                    set(range(int(first), int(last or first) + 1)) <= allowed[name]):
                 problems.append(f"{name}: publishes unexpected host port {port!r}")
             if ip != "127.0.0.1":
                 problems.append(f"{name}: port {port!r} is not bound to 127.0.0.1 (host ip {ip!r})")
@@ -237,9 +239,26 @@ def check_dockerfile(text: str) -> list[str]:
     return problems
 
 
+def _request_log_url(svc: dict[str, Any]) -> str | None:
+    """The PostgreSQL request log a service uses (``--log-url`` or ``AIAYN_REQUEST_LOG_URL``), if any."""
+    cmd = [str(c) for c in svc.get("command") or []]
+    if "--log-url" in cmd:
+        return cmd[cmd.index("--log-url") + 1]
+    return (svc.get("environment") or {}).get("AIAYN_REQUEST_LOG_URL")
+
+
 def check_serving_log_shared(compose: dict[str, Any], log_path: str) -> list[str]:
-    """The drift check (prefect-worker, project root /app) reads the log ``serve`` writes: one volume."""
+    """The drift check (prefect-worker, project root /app) reads the log ``serve`` writes: the same
+    PostgreSQL database (``AIAYN_REQUEST_LOG_URL``/``--log-url``, on the stack's postgres service,
+    what replicas need), or else the SQLite file ``log_path`` on one named volume mounted in both."""
     services = _services(compose)
+    urls = {name: _request_log_url(services.get(name, {})) for name in ("serve", "prefect-worker")}
+    if any(urls.values()):
+        if len(set(urls.values())) != 1:
+            return [f"serve and prefect-worker use different request logs: {urls}"]
+        if "@postgres:5432/" not in urls["serve"]:
+            return [f"the request log {urls['serve']!r} is not a database of the postgres service"]
+        return []
     path = log_path if log_path.startswith("/") else f"/app/{log_path}"
     mounts = {}
     for name in ("serve", "prefect-worker"):
@@ -333,8 +352,53 @@ def test_dockerignore_keeps_git_and_drops_local_state():
 def test_serving_log_is_shared_with_the_drift_check(compose):
     monitor = yaml.safe_load((REPO / "params.yaml").read_text())["monitor"]
     assert check_serving_log_shared(compose, monitor["log_path"]) == []
-    serve_cmd = _services(compose)["serve"]["command"]
-    assert serve_cmd[serve_cmd.index("--log-path") + 1] == f"/app/{monitor['log_path']}"
+    # the replicas' one log (issue 27): the `serving` database the init script creates, on postgres
+    serve = _services(compose)["serve"]
+    assert serve["deploy"]["replicas"] >= 2 and "--log-path" not in serve["command"]
+    url = _request_log_url(serve)
+    assert url.startswith("postgresql://") and url.endswith("@postgres:5432/serving")
+    assert "CREATE DATABASE serving" in (REPO / "docker" / "postgres" / "init-databases.sh").read_text()
+
+
+def test_a_request_log_not_shared_with_the_drift_check_is_reported(compose):
+    monitor = yaml.safe_load((REPO / "params.yaml").read_text())["monitor"]
+    broken = copy.deepcopy(compose)
+    del broken["services"]["prefect-worker"]["environment"]["AIAYN_REQUEST_LOG_URL"]
+    assert any("different request logs" in p for p in check_serving_log_shared(broken, monitor["log_path"]))
+    sqlite_only = copy.deepcopy(compose)  # the embedded log: a file on a volume both mount
+    for name in ("serve", "prefect-worker"):
+        sqlite_only["services"][name]["environment"].pop("AIAYN_REQUEST_LOG_URL")
+    assert check_serving_log_shared(sqlite_only, monitor["log_path"]) != []
+    for name in ("serve", "prefect-worker"):
+        sqlite_only["services"][name]["volumes"] = ["serving-log:/app/serving"]
+    assert check_serving_log_shared(sqlite_only, monitor["log_path"]) == []
+
+
+def _seconds(duration: str | int | float) -> float:
+    """A Compose duration (``30s``, ``1m30s``, ``500ms``) in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"([0-9.]+)(ms|us|h|m|s)", str(duration))
+    assert parts and "".join(n + u for n, u in parts) == str(duration), f"not a duration: {duration!r}"
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def check_stop_grace(compose: dict[str, Any]) -> list[str]:
+    """``serve`` gets longer than its drain (``--drain-s``, default 30 s) before Docker's SIGKILL."""
+    serve = _services(compose)["serve"]
+    cmd = [str(c) for c in serve.get("command") or []]
+    drain = float(cmd[cmd.index("--drain-s") + 1]) if "--drain-s" in cmd else 30.0
+    grace = _seconds(serve.get("stop_grace_period", "10s"))  # Docker's default
+    return [] if grace > drain else [f"serve: stop_grace_period {grace:g} s is not longer than its drain ({drain:g} s)"]
+
+
+def test_serve_drains_within_its_stop_grace_period(compose):
+    assert check_stop_grace(compose) == []
+    broken = copy.deepcopy(compose)
+    del broken["services"]["serve"]["stop_grace_period"]
+    assert check_stop_grace(broken) == ["serve: stop_grace_period 10 s is not longer than its drain (20 s)"]
+    broken["services"]["serve"]["command"] = [c for c in broken["services"]["serve"]["command"]
+                                              if c not in ("--drain-s", "20")]
+    assert "drain (30 s)" in check_stop_grace(broken)[0]
 
 
 def test_services_match_the_project(compose):

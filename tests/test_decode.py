@@ -17,9 +17,11 @@ from aiayn.decode import (
     beam_search,
     beam_search_hypotheses,
     greedy_decode,
+    greedy_decode_hypotheses,
     length_penalty,
     max_output_lengths,
 )
+from aiayn.decoders import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
 from model_wrappers import LogitBias
 
@@ -94,7 +96,7 @@ def test_max_output_lengths():
     src = padded_batch([3, 10, 1], seed=0)
     assert max_output_lengths(src, max_len_a=1.5, max_len_b=2).tolist() == [6, 17, 3]
     assert max_output_lengths(src, max_len_a=0.0, max_len_b=0).tolist() == [1, 1, 1]
-    assert max_output_lengths(src, max_len_a=1.0, max_len_b=50, max_positions=20).tolist() == [19, 19, 19]
+    assert max_output_lengths(src, max_len_a=1.0, max_len_b=50, max_side_tokens=20).tolist() == [19, 19, 19]
 
 
 @pytest.mark.parametrize("decoder", ["greedy", "beam"])
@@ -144,6 +146,40 @@ def test_beam_scores_equal_teacher_forced_logprob(model):
             lp = teacher_forced_logprob(model, src[b, : [6, 3][b]], h.tokens)
             assert h.logprob == pytest.approx(lp, abs=1e-9)
             assert h.score == pytest.approx(lp / ((5 + len(h.tokens) + 1) / 6) ** 0.6, abs=1e-9)
+
+
+@pytest.mark.parametrize("eos_bias", [0.0, -1e4])  # outputs that end by themselves / are cut at the cap
+def test_greedy_hypothesis_scores_equal_teacher_forced_logprob(model, eos_bias):
+    """Issue 27: the greedy path scores its output like the beam search does."""
+    lengths = [6, 3, 9]
+    src = padded_batch(lengths, seed=7)
+    decoder = LogitBias(model, {EOS_ID: eos_bias}).eval() if eos_bias else model  # eval: left in eval mode
+    hyps = greedy_decode_hypotheses(decoder, src, max_len_b=5, len_penalty=0.6)
+    assert [h.tokens for h in hyps] == greedy_decode(decoder, src, max_len_b=5)
+    for b, h in enumerate(hyps):
+        row = src[b, : lengths[b]][None]
+        with torch.no_grad():
+            logits = decoder.decode(torch.tensor([[BOS_ID] + h.tokens]), *decoder.encode(row))[0]  # (T, V)
+        lp = torch.log_softmax(logits.double(), -1)[torch.arange(len(h.tokens) + 1), h.tokens + [EOS_ID]].sum().item()
+        if not eos_bias:
+            assert lp == pytest.approx(teacher_forced_logprob(model, row[0], h.tokens), abs=1e-9)
+        assert h.logprob == pytest.approx(lp, abs=1e-9)
+        assert h.score == pytest.approx(lp / ((5 + len(h.tokens) + 1) / 6) ** 0.6, abs=1e-9)
+
+
+def test_eager_n_best_is_the_beam_search_and_its_first_is_translate_ids(model):
+    lengths = [5, 2, 8]
+    src = padded_batch(lengths, seed=8)
+    sources = [src[b, :n].numpy() for b, n in enumerate(lengths)]
+    dec = EagerDecoder(model)
+    opts = DecodeOptions(beam_size=3, max_len_b=4)
+    nbest = dec.translate_hyps(sources, opts, n_best=3)
+    want = beam_search_hypotheses(model, src, beam_size=3, max_len_b=4)
+    assert [[(h.tokens, h.score) for h in hs] for hs in nbest] == [[(h.tokens, h.score) for h in hs] for hs in want]
+    assert [hs[0].tokens for hs in nbest] == dec.translate_ids(sources, opts)
+    assert [len(hs) for hs in dec.translate_hyps(sources, opts, n_best=2)] == [2, 2, 2]
+    with pytest.raises(ValueError, match="n_best must be from 1 to beam_size"):
+        dec.translate_hyps(sources, opts, n_best=4)
 
 
 def test_beam_size_one_is_greedy(model):
@@ -269,3 +305,16 @@ def test_bad_arguments_raise(model):
         beam_search(model, src, beam_size=21)
     with pytest.raises(ValueError, match="src must be"):
         greedy_decode(model, src[0])
+
+
+def test_greedy_scores_follow_the_length_norm_the_beam_uses(model):
+    """Merge of issues 25 and 27: with ``length_norm="fairseq"`` the greedy score is ``logprob / |Y+1| ** a``
+    (as the beam search scores), not GNMT's; an unknown norm is refused before any work."""
+    src = padded_batch([6, 3], seed=9)
+    gnmt = greedy_decode_hypotheses(model, src, max_len_b=5, len_penalty=0.6)
+    fairseq = greedy_decode_hypotheses(model, src, max_len_b=5, len_penalty=0.6, length_norm="fairseq")
+    for g, f in zip(gnmt, fairseq):
+        assert f.tokens == g.tokens and f.logprob == g.logprob
+        assert f.score == pytest.approx(f.logprob / (len(f.tokens) + 1) ** 0.6, abs=1e-9)
+    with pytest.raises(ValueError, match="length_norm"):
+        greedy_decode_hypotheses(model, src, length_norm="nope")

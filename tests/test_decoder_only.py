@@ -74,7 +74,7 @@ def test_default_is_the_encoder_decoder():
     assert ModelConfig().arch == "encoder_decoder"
     paper = Transformer(model_preset("tiny", vocab_size=50), device="meta")
     assert not paper.decoder_only and len(paper.encoder_layers) == len(paper.decoder_layers) == 3
-    assert paper.max_positions == paper.cfg.max_positions
+    assert paper.max_side_tokens == paper.cfg.max_positions
     with pytest.raises(ValueError):
         ModelConfig(arch="encoder_only")
 
@@ -100,7 +100,7 @@ def test_depth_and_parameter_count(preset, norm):
 def test_shapes_and_shared_position_range():
     gen = torch.Generator().manual_seed(1)
     m = model(max_positions=40)
-    assert m.max_positions == m.cfg.max_side_tokens == 20  # source and target share one range
+    assert m.max_side_tokens == m.cfg.max_side_tokens == 20  # source and target share one range
     src, tgt = src_batch(gen, [7, 3]), tgt_batch(gen, [5, 5])
     with torch.no_grad():
         memory, mask = m.encode(src)

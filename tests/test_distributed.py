@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.config import ConfigError, params_from_dict
-from aiayn.distributed import World, agree, all_reduce_sum, torchrun_command, world_from_env
+from aiayn.distributed import World, agree, all_reduce_sum, rank_device, torchrun_command, world_from_env
 from aiayn.batching import EpochBatchIterator
 from aiayn.train import dropout_seed, train
 from test_train import MODEL, assert_bitwise_equal, cfg, synthetic_split, weights
@@ -77,6 +77,15 @@ def test_world_from_torchrun_environment():
         world_from_env({"RANK": "2", "WORLD_SIZE": "2"})
     assert agree(World(), True, False) == (True, False)
     assert all_reduce_sum(World(), [1.5]) == [1.5]
+
+
+def test_rank_device_follows_train_device_and_local_rank():
+    """The one device rule of the trainer and the torchrun worker: ``cuda:<local_rank>`` or the CPU."""
+    w = World(rank=1, world_size=2, local_rank=1)
+    assert rank_device("cpu", w) == torch.device("cpu")
+    assert rank_device("cuda", w) == torch.device("cuda", 1)
+    assert rank_device("auto", w) == (torch.device("cuda", 1) if torch.cuda.is_available() else torch.device("cpu"))
+    assert rank_device("cuda", World()).index == 0
 
 
 def test_torchrun_command_uses_this_interpreter():

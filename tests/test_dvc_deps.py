@@ -1,7 +1,7 @@
 """DVC sees every code change that can change a stage's output.
 
 For each ``dvc.yaml`` stage whose ``cmd`` runs ``python -m pipelines.stage <name>``, the
-stage's module (``aiayn.stages.stage_module``: ``aiayn.stages.<name>``, or
+stage's module (``pipelines.stages.stage_module``: ``aiayn.stages.<name>``, or
 ``monitoring.reference``) and everything it imports from ``aiayn`` and ``monitoring`` (transitively,
 imports inside functions included: read from the source with ``ast``, not from a run) must be
 covered by a ``deps`` entry (the file, or a folder above it). The only exceptions are the
@@ -24,10 +24,12 @@ SRC = REPO / "src"
 #: repository root for ``monitoring``), with why.
 CANNOT_CHANGE_AN_OUTPUT = {
     "aiayn/__init__.py": "package marker and version string",
-    "aiayn/tracking.py": "records runs and registers models in MLflow; writes nothing under artifacts/",
+    "aiayn/recording.py": "the recorder a stage is handed and its input checks: what is recorded, never what is "
+                          "written under artifacts/",
     "aiayn/io.py": "atomic file writing: how bytes reach the disk, not which bytes",
     "aiayn/retry.py": "which download errors are retried; a retried download is verified by SHA-256",
     "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",
+    "aiayn/progress.py": "the progress bar and ETA log lines a stage shows: the terminal and the log, never a file",
     "monitoring/__init__.py": "package marker (a docstring)",
 }
 
@@ -102,7 +104,7 @@ def test_every_module_a_stage_imports_is_a_dependency(stage):
     spec = stages()[stage]
     match = STAGE_CMD.fullmatch(spec["cmd"].strip())
     assert match, f"stage {stage}: cmd {spec['cmd']!r} is not `python -m pipelines.stage <name>`"
-    from aiayn.stages import stage_module
+    from pipelines.stages import stage_module
 
     entry = module_file(stage_module(match.group(1)))
     assert entry is not None, f"stage {stage}: no module {stage_module(match.group(1))}"

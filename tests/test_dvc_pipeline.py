@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aiayn.stages import STAGES
+from pipelines.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -50,12 +50,13 @@ def untrained_scores(root: Path, split: str) -> dict:
     from aiayn.corpus import read_lines
     from aiayn.model import Transformer
     from aiayn.scoring import score
-    from aiayn.translate import DecodeOptions, Translator
+    from aiayn.decoders import DecodeOptions, EagerDecoder
+    from aiayn.translate import Translator
 
     params = load_params(root / "params.yaml")
     trained = Translator.from_dir(root / "artifacts" / "model", device="cpu")
     torch.manual_seed(12345)
-    blank = Translator(Transformer(trained.model.cfg).eval(), trained.tokenizer)
+    blank = Translator(trained.tokenizer, EagerDecoder(Transformer(trained.decoder.model.cfg).eval()))
     e = params.evaluate
     src = read_lines(root / "artifacts" / "prepared" / f"{split}.{params.data.src_lang}")
     ref = read_lines(root / "artifacts" / "prepared" / f"{split}.{params.data.tgt_lang}")

@@ -78,6 +78,23 @@ def test_descriptors_of_a_sentence_counted_by_hand(world):
     assert all(v[1] == 0 and not math.isnan(v[1]) for v in d.values())
 
 
+def test_nfd_and_nfc_give_the_same_descriptors(world):
+    """Issue 27, case 10: decomposed accents (NFD) are normalised as the tokenizer normalises them
+    (NFKC), so they are not counted as non-letter characters nor as extra length."""
+    import unicodedata
+
+    tok = world["tok"]
+    side = world["ref"].source_side
+    text = ["Café à la crème, naïve señor", "Über zwei Hunde", "a man in the park"]
+    nfc = describe([unicodedata.normalize("NFC", t) for t in text], tok, side)
+    nfd = describe([unicodedata.normalize("NFD", t) for t in text], tok, side)
+    assert any(unicodedata.normalize("NFD", t) != t for t in text)
+    for name in DESCRIPTORS:
+        np.testing.assert_array_equal(nfd[name], nfc[name], err_msg=name)
+    # "Café à la crème, naïve señor": 28 characters, 23 of them not spaces, one (the comma) not a letter
+    assert nfc["chars"][0] == len(text[0]) and nfc["non_letter_share"][0] == pytest.approx(1 / 23)
+
+
 def test_unknown_characters_raise_the_unk_rate(world):
     tok = world["tok"]
     d = describe(["a man", "a ЖЖЖ man"], tok, np.zeros(tok.vocab_size, dtype=bool))
@@ -222,7 +239,7 @@ def test_text_window_rejects_bad_utf8_and_skips_blank_lines(tmp_path):
 
 
 def _log(path: Path, sentences: list[str], version: str = "3") -> None:
-    from aiayn.serve import RequestLog
+    from aiayn.request_log import SqliteRequestLog as RequestLog
 
     rl = RequestLog(path)
     t = time.time()

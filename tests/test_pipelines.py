@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aiayn.stages import STAGES
+from pipelines.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -115,11 +115,12 @@ def test_stage_failure_fails_flow_with_stage_message(tmp_path, prefect_harness):
 
 
 def test_stage_cli_exit_status_and_error_file(tmp_path, prefect_harness, capsys, monkeypatch):
+    from aiayn.settings import STAGE_ERROR_FILE_ENV
     from pipelines import stage
 
     (tmp_path / "params.yaml").write_text(SMOKE.read_text())
     error_file = tmp_path / "err.txt"
-    monkeypatch.setenv(stage.ERROR_FILE_ENV, str(error_file))
+    monkeypatch.setenv(STAGE_ERROR_FILE_ENV, str(error_file))
     assert stage.main(["prepare", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "stage prepare failed: CorpusError: raw corpus file(s) missing" in err
@@ -239,7 +240,8 @@ def test_push_goes_to_the_remote_named_by_the_environment(tmp_path, prefect_harn
     from dvc.repo import Repo
     from prefect import flow
 
-    from pipelines.pipeline import REMOTE_ENV, dvc_push
+    from aiayn.settings import DVC_REMOTE_ENV as REMOTE_ENV
+    from pipelines.pipeline import dvc_push
 
     root = tmp_path / "project"
     root.mkdir()
@@ -359,7 +361,7 @@ def test_hourly_drift_check_deployment_cancels_new_runs_while_one_runs(tmp_path)
     from pipelines.deploy import DeploymentSpec, build_deployments
 
     (hourly,) = [d for d in build_deployments(tmp_path) if d.name == "hourly"]
-    assert hourly.flow_name == "drift-check" and hourly.entrypoint == "monitoring.flows.drift"
+    assert hourly.flow_name == "drift-check" and hourly.entrypoint == "pipelines.drift.drift"
     (schedule,) = hourly.schedules
     assert schedule.schedule.cron == "0 * * * *" and schedule.schedule.timezone == "UTC"
     assert hourly.concurrency_limit == 1
@@ -373,7 +375,7 @@ def test_hourly_drift_check_deployment_cancels_new_runs_while_one_runs(tmp_path)
 def test_drift_flow_fails_on_drift_and_completes_otherwise(tmp_path, prefect_harness, monkeypatch):
     """The flow's final state follows the check's verdict; every run leaves the markdown artifact."""
     import monitoring.drift as drift_mod
-    from monitoring.flows import drift
+    from pipelines.drift import drift
 
     verdicts = {"drift": ({"verdict": "drift", "drifted": ["src_lang_score", "embeddings"]}, "Failed"),
                 "no_drift": ({"verdict": "no_drift"}, "Completed"),
@@ -520,3 +522,17 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
     assert len(final) == 1 and "checkpoint saved in" in final[0], out[-3000:]
     assert list((smoke_root / "artifacts" / "checkpoints").glob("ckpt_*.json"))
     shutil.rmtree(smoke_root / "artifacts" / "checkpoints")
+
+
+def test_render_report_opens_with_a_cut_budget():
+    """Issue 25: a run cut by the clock says so in the report's first line; a complete one says how it ended."""
+    from pipelines.pipeline import render_report
+
+    common = dict(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=[], push=None)
+    cut = {"budget": "CUT by max_time_s at step 1590 of max_steps 2600: training did not finish",
+           "selection": {"kind": "single", "method": "average_last", "replaced": True}}
+    md = render_report(**common, training=cut)
+    assert md.splitlines()[0] == "> **WARNING: training CUT by max_time_s at step 1590 of max_steps 2600: training did not finish**"
+    assert "a single checkpoint (average_last, replaced by the validated choice)" in md
+    md = render_report(**common, training={"budget": "complete: max_steps 2600 reached"})
+    assert md.splitlines()[0].startswith("# ") and "Training: complete: max_steps 2600 reached" in md

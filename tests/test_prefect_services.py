@@ -97,7 +97,7 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
     from pipelines.pipeline import REPORT_KEY
     from monitoring.validation import read_split
     from pipelines.scratch import scratch_project
-    from aiayn.stages import STAGES
+    from pipelines.stages import STAGES
 
     root = scratch_project(tmp_path / "project", SMOKE)
     with temporary_settings(updates={PREFECT_API_URL: prefect_server}):

@@ -15,16 +15,15 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from aiayn.config import EOS_ID, ModelConfig, params_from_dict  # noqa: E402
 from aiayn.decode import max_output_lengths  # noqa: E402
+from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder  # noqa: E402
 from aiayn.batching import pad_batch  # noqa: E402
 from aiayn.quantize.checks import REJECTED, degenerate_lines, gate, max_run  # noqa: E402
 from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported  # noqa: E402
-from aiayn.quantize.ct2_translate import CT2Translator  # noqa: E402
-from aiayn.quantize.eager import eager_logprobs, eager_translate_ids  # noqa: E402
 from aiayn.quantize.fake_quant import fake_quantize_int8  # noqa: E402
 from aiayn.quantize.int8 import ACCUMULATIONS, int8_accumulation, int8_logprobs  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 from aiayn.tokenizer import Tokenizer  # noqa: E402
-from aiayn.translate import MAX_INPUT_TOKENS, DecodeOptions, Translator  # noqa: E402
+from aiayn.translate import Translator  # noqa: E402
 
 import tiny  # noqa: E402
 
@@ -37,9 +36,9 @@ def tok(tmp_path_factory) -> Tokenizer:
 _corpus, _model = tiny.corpus, tiny.model
 
 
-def _ct2(model, tok, tmp_path, quantization="float32", name="ct2") -> CT2Translator:
+def _ct2(model, tok, tmp_path, quantization="float32", name="ct2") -> CT2Decoder:
     AiaynConverter(model, tok).convert(str(tmp_path / name), quantization=quantization, force=True)
-    return CT2Translator(tmp_path / name, tok, max_positions=model.cfg.max_positions, compute_type=quantization)
+    return CT2Decoder(tmp_path / name, tok, max_side_tokens=model.max_side_tokens, compute_type=quantization)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
@@ -49,13 +48,13 @@ def test_converter_round_trip_scores_match_ours(tok, tmp_path, norm):
     model = _model(tok, norm=norm)
     ct = _ct2(model, tok, tmp_path)
     en, de = _corpus(24, 1)
-    srcs = Translator(model, tok).encode(en)
+    srcs = Translator(tok, EagerDecoder(model)).encode(en)
     tgts = tok.encode(de)
-    for ours, theirs in zip(eager_logprobs(model, srcs, tgts), ct.score_ids(srcs, tgts)):
+    for ours, theirs in zip(EagerDecoder(model).score_ids(srcs, tgts), ct.score_ids(srcs, tgts)):
         assert ours.shape == theirs.shape
         np.testing.assert_allclose(theirs, ours, atol=1e-4)
     opts = DecodeOptions(beam_size=1, max_len_b=8)
-    assert ct.translate_ids(srcs, opts) == eager_translate_ids(model, srcs, opts)
+    assert ct.translate_ids(srcs, opts) == EagerDecoder(model).translate_ids(srcs, opts)
 
 
 def test_misordered_sinusoid_table_is_caught_by_the_score_check(tok, tmp_path):
@@ -70,10 +69,10 @@ def test_misordered_sinusoid_table_is_caught_by_the_score_check(tok, tmp_path):
     spec.optimize(quantization="float32")
     (tmp_path / "own").mkdir()
     spec.save(str(tmp_path / "own"))
-    ct = CT2Translator(tmp_path / "own", tok, max_positions=model.cfg.max_positions)
+    ct = CT2Decoder(tmp_path / "own", tok, max_side_tokens=model.max_side_tokens)
     en, de = _corpus(8, 2)
-    srcs, tgts = Translator(model, tok).encode(en), tok.encode(de)
-    gap = max(np.abs(a - b).max() for a, b in zip(eager_logprobs(model, srcs, tgts), ct.score_ids(srcs, tgts)))
+    srcs, tgts = Translator(tok, EagerDecoder(model)).encode(en), tok.encode(de)
+    gap = max(np.abs(a - b).max() for a, b in zip(EagerDecoder(model).score_ids(srcs, tgts), ct.score_ids(srcs, tgts)))
     assert gap > 1e-2
 
 
@@ -91,7 +90,7 @@ def test_int8_weight_round_trip_error_bounded(tok, tmp_path):
     assert bool((err <= bound + 1e-7).all())
     ct8 = _ct2(model, tok, tmp_path, "int8", "i8")
     en, de = _corpus(8, 3)
-    srcs, tgts = Translator(model, tok).encode(en), tok.encode(de)
+    srcs, tgts = Translator(tok, EagerDecoder(model)).encode(en), tok.encode(de)
     got = ct8.score_ids(srcs, tgts)
 
     def gap(kind: str) -> float:
@@ -103,7 +102,7 @@ def test_int8_weight_round_trip_error_bounded(tok, tmp_path):
     # the reference's exact arithmetic stays within int8's rounding of float: per layer at most half a
     # step of each weight and activation; measured end to end 0.05 nats on this model
     exact_vs_float = max(np.abs(a - b).max() for a, b in zip(
-        int8_logprobs(model, srcs, tgts, accumulation="exact"), eager_logprobs(model, srcs, tgts)))
+        int8_logprobs(model, srcs, tgts, accumulation="exact"), EagerDecoder(model).score_ids(srcs, tgts)))
     assert 0 < exact_vs_float < 0.5
 
 
@@ -122,16 +121,16 @@ def test_int8_saturating_path_is_what_onednn_computes_without_vnni(tok, tmp_path
     model = _model(tok)
     _ct2(model, tok, tmp_path, "int8", "i8")
     en, de = _corpus(8, 3)
-    srcs, tgts = Translator(model, tok).encode(en), tok.encode(de)
+    srcs, tgts = Translator(tok, EagerDecoder(model)).encode(en), tok.encode(de)
     np.save(tmp_path / "srcs.npy", np.array(srcs, dtype=object), allow_pickle=True)
     np.save(tmp_path / "tgts.npy", np.array(tgts, dtype=object), allow_pickle=True)
     code = f"""
 import json, numpy as np
-from aiayn.quantize.ct2_translate import CT2Translator
+from aiayn.decoders import CT2Decoder
 from aiayn.quantize.int8 import int8_accumulation
 from aiayn.tokenizer import Tokenizer
 tok = Tokenizer.load({str(tok.source)!r})
-ct = CT2Translator({str(tmp_path / "i8")!r}, tok, max_positions={model.cfg.max_positions}, compute_type="int8")
+ct = CT2Decoder({str(tmp_path / "i8")!r}, tok, max_side_tokens={model.max_side_tokens}, compute_type="int8")
 srcs = list(np.load({str(tmp_path / "srcs.npy")!r}, allow_pickle=True))
 tgts = [list(t) for t in np.load({str(tmp_path / "tgts.npy")!r}, allow_pickle=True)]
 print(json.dumps({{"host": int8_accumulation(), "scores": [s.tolist() for s in ct.score_ids(srcs, tgts)]}}))
@@ -156,11 +155,11 @@ def test_int8_with_float16_storage_is_smaller_and_decodes_like_int8(tok, tmp_pat
     model = _model(tok)
     i8 = _ct2(model, tok, tmp_path, "int8", "i8")
     AiaynConverter(model, tok).convert(str(tmp_path / "i8h"), quantization=VARIANTS["ct2-int8"].storage, force=True)
-    i8h = CT2Translator(tmp_path / "i8h", tok, max_positions=model.cfg.max_positions, compute_type="int8")
+    i8h = CT2Decoder(tmp_path / "i8h", tok, max_side_tokens=model.max_side_tokens, compute_type="int8")
     table = model.cfg.max_positions * model.cfg.d_model  # float32 -> float16 saves 2 bytes per entry (at least)
     assert dir_bytes(tmp_path / "i8") - dir_bytes(tmp_path / "i8h") >= 2 * table
     en, de = _corpus(8, 3)
-    srcs, tgts = Translator(model, tok).encode(en), tok.encode(de)
+    srcs, tgts = Translator(tok, EagerDecoder(model)).encode(en), tok.encode(de)
     gap = max(np.abs(a - b).max() for a, b in zip(i8.score_ids(srcs, tgts), i8h.score_ids(srcs, tgts)))
     assert 0 < gap < 0.15  # float16 rounding of biases, LayerNorm and positions (d_model 32, random weights)
 
@@ -172,13 +171,45 @@ def test_parallel_workers_decode_exactly_like_one(tok, tmp_path, beam):
     model = _model(tok)
     _ct2(model, tok, tmp_path)
     en, _ = _corpus(40, 5)
-    srcs = Translator(model, tok).encode(en)
+    srcs = Translator(tok, EagerDecoder(model)).encode(en)
     opts = DecodeOptions(beam_size=beam, max_len_a=1.0, max_len_b=5)
-    one = CT2Translator(tmp_path / "ct2", tok, max_positions=model.cfg.max_positions).translate_ids(srcs, opts, batch_size=4)
-    two = CT2Translator(tmp_path / "ct2", tok, max_positions=model.cfg.max_positions, inter_threads=2)
+    one = CT2Decoder(tmp_path / "ct2", tok, max_side_tokens=model.max_side_tokens).translate_ids(srcs, opts, batch_size=4)
+    two = CT2Decoder(tmp_path / "ct2", tok, max_side_tokens=model.max_side_tokens, inter_threads=2)
     assert two.translate_ids(srcs, opts, batch_size=4) == one
     if beam == 1:  # greedy: exactly the eager decoder's output too
-        assert one == eager_translate_ids(model, srcs, opts)
+        assert one == EagerDecoder(model).translate_ids(srcs, opts)
+
+
+@pytest.mark.parametrize("beam, eos", [(1, 4.0), (1, 1.0), (4, 4.0), (4, 1.0)])
+def test_n_best_scores_are_the_eager_decoder_s(tok, tmp_path, beam, eos):
+    """Issue 27: CTranslate2's n-best come with the scores our decoder gives the same tokens (the
+    model's teacher-forced log-probability, length-normalised), whether the outputs end by themselves
+    (EOS made likelier) or at their cap; the 1-best stays ``translate_ids``'s; a hypothesis both
+    decoders find gets the same number from both, within float32 rounding."""
+    model = _model(tok)
+    with torch.no_grad():
+        model.tgt_embed.weight[EOS_ID] *= eos
+    ct = _ct2(model, tok, tmp_path)
+    eager = EagerDecoder(model)
+    en, _ = _corpus(24, 4)
+    srcs = Translator(tok, eager).encode(en)
+    opts = DecodeOptions(beam_size=beam, max_len_a=1.0, max_len_b=8)
+    theirs, ours = ct.translate_hyps(srcs, opts, n_best=beam), eager.translate_hyps(srcs, opts, n_best=beam)
+    assert [h[0].tokens for h in theirs] == ct.translate_ids(srcs, opts)
+    assert all(len(h) == beam for h in theirs)
+    flat = [(i, h) for i, hyps in enumerate(theirs) for h in hyps]
+    forced = eager.score_ids([srcs[i] for i, _ in flat], [h.tokens for _, h in flat])
+    for (_, h), lps in zip(flat, forced):
+        assert h.logprob == pytest.approx(lps.sum(), abs=1e-4)
+        assert h.score == pytest.approx(lps.sum() / ((5 + len(h.tokens) + 1) / 6) ** opts.len_penalty, abs=1e-4)
+    matched = 0
+    for a, b in zip(theirs, ours):  # a hypothesis both searches found: one number
+        eager_scores = {tuple(h.tokens): h.score for h in b}
+        for h in a:
+            if tuple(h.tokens) in eager_scores:
+                assert h.score == pytest.approx(eager_scores[tuple(h.tokens)], abs=1e-4)
+                matched += 1
+    assert matched >= len(srcs)
 
 
 @pytest.mark.parametrize("field, value", [("activation", "swiglu"), ("n_kv_heads", 1), ("positions", "rope"),
@@ -195,10 +226,10 @@ def test_learned_positions_convert_and_decode_like_eager(tok, tmp_path):
     assert isinstance(model.positions.table, torch.nn.Parameter)
     _ct2(model, tok, tmp_path)
     en, _ = _corpus(20, 5)
-    srcs = Translator(model, tok).encode(en)
+    srcs = Translator(tok, EagerDecoder(model)).encode(en)
     opts = DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=5)
-    ct2 = CT2Translator(tmp_path / "ct2", tok, max_positions=model.cfg.max_positions)
-    assert ct2.translate_ids(srcs, opts, batch_size=4) == eager_translate_ids(model, srcs, opts)
+    ct2 = CT2Decoder(tmp_path / "ct2", tok, max_side_tokens=model.max_side_tokens)
+    assert ct2.translate_ids(srcs, opts, batch_size=4) == EagerDecoder(model).translate_ids(srcs, opts)
 
 
 def test_unknown_new_model_field_is_refused(monkeypatch):
@@ -225,19 +256,19 @@ def test_length_limits_and_explicit_cap(tok, tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ct, "translator", type("T", (), {"translate_batch": staticmethod(spy), "device": "cpu"})())
-    longest = np.array([tok.encode(["a"])[0][0]] * (MAX_INPUT_TOKENS - 1) + [EOS_ID])
-    repetitive = Translator(model, tok).encode([" ".join(["a"] * 30)])[0]
-    short = Translator(model, tok).encode(["a dog"])[0]
+    longest = np.array([tok.encode(["a"])[0][0]] * (256 - 1) + [EOS_ID])  # 256 tokens with EOS
+    repetitive = Translator(tok, EagerDecoder(model)).encode([" ".join(["a"] * 30)])[0]
+    short = Translator(tok, EagerDecoder(model)).encode(["a dog"])[0]
     srcs = [longest, repetitive, short]
     for beam in (1, 3):
         opts = DecodeOptions(beam_size=beam, max_len_a=1.0, max_len_b=50)
         outs = ct.translate_ids(srcs, opts, batch_size=3)
-        caps = max_output_lengths(pad_batch(srcs), max_len_a=1.0, max_len_b=50, max_positions=model.cfg.max_positions).tolist()
+        caps = max_output_lengths(pad_batch(srcs), max_len_a=1.0, max_len_b=50, max_side_tokens=model.max_side_tokens).tolist()
         assert caps[0] == model.cfg.max_positions - 1  # the table's last row is used
         assert all(len(o) <= c for o, c in zip(outs, caps))
     assert calls and all(isinstance(c, int) and c > 0 for c in calls)
     greedy = DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=50)
-    assert ct.translate_ids(srcs, greedy) == eager_translate_ids(model, srcs, greedy)
+    assert ct.translate_ids(srcs, greedy) == EagerDecoder(model).translate_ids(srcs, greedy)
 
 
 def test_gate_and_degenerate_checks():
@@ -257,7 +288,7 @@ def _params(**quantize):
     return params_from_dict({
         "data": {"test_splits": ["test_a", "test_b"]},
         # greedy: a random model runs every beam into its length cap, where CTranslate2's last step differs
-        # from ours (see aiayn.quantize.ct2_translate); greedy parity is exact, so float32 delta is 0
+        # from ours (see aiayn.decoders); greedy parity is exact, so float32 delta is 0
         "evaluate": {"beam_size": 1, "max_len_b": 8},
         "quantize": {"gate_split": "test_a", "calibration_sentences": 16, "score_check_sentences": 8,
                      "attribution_sentences": 12, "throughput_batch1_sentences": 3, "throughput_batch32_sentences": 8,
@@ -315,3 +346,34 @@ def test_stage_end_to_end_and_damaged_variant_is_rejected(tok, tmp_path, monkeyp
     out = layout.quantized / "outliers"
     assert (out / "outliers.csv").exists() and (out / "outliers.md").exists()
     assert metrics["ct2-int8"]["degenerate_lines"] == 0
+
+
+def test_int8_variant_is_gated_under_both_ways_of_summing_int8_products(tok, tmp_path, monkeypatch):
+    """A ct2-int8 bundle may be served on a VNNI host (exact int32 sums) or an AVX2-only one (int16-
+    saturating pairs), so the stage decodes the gate split both ways (the other one in a subprocess set
+    to compute it), records both, and rejects the variant when either way fails the gate. This random
+    model's activations saturate (2 nats of log-prob, test_int8_weight_round_trip_error_bounded): exact
+    sums keep most of its greedy output (test_a's references: BLEU ~88), saturating ones lose most of it
+    (~20), on every host; a 20-BLEU gate separates the two."""
+    from aiayn.host import host_info
+    from aiayn.stages import quantize as stage
+
+    if "avx2" not in host_info(probe=False).isa:
+        pytest.skip("needs an x86 CPU with AVX2 (both int8 paths of CTranslate2)")
+    monkeypatch.setenv("AIAYN_TRACKING", "0")
+    layout = _project(tmp_path, tmp_path, tok)
+    quantize = dict(variants=["ct2-float32", "ct2-int8"], serving_preference=["ct2-int8", "ct2-float32"],
+                    layer_attribution=False, throughput=False)
+    summary = stage.run(_params(**quantize, max_bleu_drop=20.0), layout)
+    sums = json.loads((layout.quantized / "ct2-int8" / "variant.json").read_text())["int8_sums"]
+    assert sums["this_host"]["accumulation"] in ACCUMULATIONS and set(sums["gated"]) == set(ACCUMULATIONS)
+    exact, saturating = sums["gated"]["exact"], sums["gated"]["int16-saturating"]
+    assert exact["status"] == "accepted" and exact["bleu_delta"] > -20
+    assert saturating["status"] == REJECTED and saturating["bleu_delta"] < exact["bleu_delta"] - 20
+    assert summary["ct2-int8"]["status"] == REJECTED and summary["serving_default"] == "ct2-float32"
+
+    # a gate wide enough for both ways accepts the variant, and it ships
+    summary = stage.run(_params(**quantize, max_bleu_drop=100.0), layout)
+    sums = json.loads((layout.quantized / "ct2-int8" / "variant.json").read_text())["int8_sums"]
+    assert all(g["status"] == "accepted" for g in sums["gated"].values())
+    assert summary["ct2-int8"]["status"] == "accepted" and summary["serving_default"] == "ct2-int8"

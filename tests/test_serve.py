@@ -20,11 +20,14 @@ pytest.importorskip("ctranslate2")
 
 import tiny  # noqa: E402
 from aiayn.config import params_from_dict  # noqa: E402
-from aiayn.export import EAGER, BundleError, build_bundle, load_bundle, read_bundle_info, sentences_from_input  # noqa: E402
+from aiayn.bundle import EAGER, BundleError, ServingBundle, read_bundle_info  # noqa: E402
+from aiayn.decoders import DecodeOptions  # noqa: E402
+from aiayn.export import BundlePredictor, build_bundle, sentences_from_input  # noqa: E402
 from aiayn.export import register_bundle  # noqa: E402
 from aiayn.tracking import CHALLENGER, CHAMPION, choose_alias  # noqa: E402
-from aiayn.serve import LogWriteError, MicroBatcher, RequestLog, ServeConfig, ServedModel, create_app  # noqa: E402
-from aiayn.translate import DecodeOptions, Translator  # noqa: E402
+from aiayn.request_log import SqliteRequestLog as RequestLog  # noqa: E402
+from aiayn.serve import LogWriteError, MicroBatcher, ServeConfig, ServedModel, create_app  # noqa: E402
+from aiayn.translate import Translator  # noqa: E402
 
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
 CARD = tiny.CARD
@@ -75,11 +78,12 @@ def test_sentences_from_every_pyfunc_input_shape():
 
 @pytest.mark.parametrize("kind", ["ct2", "eager"])
 def test_bundle_translates_like_the_model_it_ships(world, kind):
-    tr, info = load_bundle(world[kind])
+    bundle = BundlePredictor(world[kind])
+    tr, info = bundle.translator, bundle.info
     assert info["variant"] == ("ct2-float32" if kind == "ct2" else EAGER) and info["decode"]["beam_size"] == 2
     src = world["en"][:12] + ["", "a \u2603 man"]  # blank line and an unknown character follow the shared rules
     # eager: our beam search itself; CTranslate2 float32: greedy is exact (a random model's beams run into
-    # the length cap, where CTranslate2's last step differs: aiayn.quantize.ct2_translate)
+    # the length cap, where CTranslate2's last step differs: aiayn.decoders)
     opts = OPTIONS if kind == "eager" else DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6)
     got = tr.translate(src, opts)
     assert got == world["model"].translate(src, opts)
@@ -96,7 +100,7 @@ def test_bad_bundles_are_refused_with_a_message(world, tmp_path):
         read_bundle_info(tmp_path)
     (tmp_path / "bundle.json").write_text(json.dumps({"format": 1, "runtime": "ctranslate2", "variant": "x", "decode": {}}))
     with pytest.raises(BundleError, match="model.json"):
-        load_bundle(tmp_path)
+        ServingBundle.load(tmp_path)
     with pytest.raises(BundleError, match="not a CTranslate2 model folder"):
         build_bundle(tmp_path / "out", model_dir=world["layout"].model, variant="ct2-int8", variant_dir=tmp_path,
                      compute_type="int8", decode=OPTIONS, card=CARD)
@@ -163,7 +167,7 @@ def test_pyfunc_model_answers_a_list_and_a_frame_alike_and_refuses_wrong_types(w
     finally:
         mlflow.set_tracking_uri(None)
     src = world["en"][:5]
-    want = load_bundle(world["ct2"])[0].translate(src, OPTIONS)
+    want = BundlePredictor(world["ct2"]).translator.translate(src, OPTIONS)
     assert list(m.predict(src)) == want
     assert list(m.predict(pd.DataFrame({"sentence": src}))) == want
     assert m.metadata.get_input_schema().to_dict() == [{"type": "string", "required": True}]  # sentences in
@@ -195,12 +199,82 @@ def test_request_log_is_wal_and_a_failed_write_raises(tmp_path):
     rl.close()
 
 
+def test_a_failed_prune_rolls_back_and_pruned_text_leaves_the_file(tmp_path):
+    """Issue 27, cases 6-7 at the log's level: a prune that fails (a trigger raising on DELETE, as a
+    full disk would) is rolled back, so later writes succeed and another writer is not locked out;
+    a prune that works leaves none of the deleted text in the database or its WAL."""
+    path = tmp_path / "log.db"
+    rl = RequestLog(path, busy_timeout_ms=2000)
+    old = time.time() - 40 * 86400
+    rl.write("old", ts=old, model={}, beam_size=1, sources=["zqzq secret caption"], source_tokens=[3],
+             output_tokens=[3], outputs=["x"])
+    other = sqlite3.connect(path, timeout=2)
+    other.execute("CREATE TRIGGER no_delete BEFORE DELETE ON sentences BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    other.commit()
+    with pytest.raises(LogWriteError, match="disk full"):
+        rl.prune(30)
+    rl.write("new", ts=time.time(), model={}, beam_size=1, sources=["a man"], source_tokens=[2], output_tokens=[2],
+             outputs=["y"])  # the connection is not left inside the failed transaction
+    other.execute("DROP TRIGGER no_delete")  # ...and holds no lock
+    other.commit()
+    other.close()
+    assert rl.counts() == {"requests": 2, "sentences": 2} and rl.request_ids() == {"old": 1, "new": 1}
+    assert rl.prune(30) == 1 and rl.counts() == {"requests": 1, "sentences": 1}
+    assert [s.source for s in rl.latest(5)] == ["a man"]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("log.db*"))
+    assert b"zqzq secret caption" not in stored
+    rl.close()
+
+
+def test_the_log_is_opened_by_path_or_url_and_read_only_opens_create_nothing(tmp_path):
+    from aiayn.request_log import PostgresRequestLog, RequestLogError, open_request_log, redact
+
+    with open_request_log(f"sqlite:///{tmp_path / 'a.db'}") as rl:
+        assert isinstance(rl, RequestLog) and rl.counts() == {"requests": 0, "sentences": 0}
+    with pytest.raises(RequestLogError, match="no request log"):
+        open_request_log(tmp_path / "none.db", read_only=True)
+    assert not (tmp_path / "none.db").exists()
+    assert redact("postgresql://serving:s3cret@db:5432/serving") == "postgresql://serving:***@db:5432/serving"
+    with pytest.raises(RequestLogError) as e:  # nothing listens there: one line, no password
+        PostgresRequestLog(f"postgresql://u:s3cret@127.0.0.1:{tiny.free_port()}/x", connect_timeout_s=2)
+    assert "s3cret" not in str(e.value) and "***" in str(e.value)
+
+
+def test_a_request_whose_caller_gave_up_is_not_decoded(world):
+    tr = BundlePredictor(world["ct2"]).translator
+    model = ServedModel(tr, OPTIONS, "m", "1", "x")
+    units = tr.prepare(world["en"][:4], OPTIONS).units
+    decoded: list[int] = []
+
+    def decode(m, u, job):
+        decoded.append(len(u))
+        time.sleep(0.3)
+        return m.translator.decoder.translate_ids(u, job)
+
+    async def main():
+        b = MicroBatcher(max_batch=1, max_wait_s=0, workers=1, decode=decode)
+        b.start()
+        first = asyncio.ensure_future(b.submit(model, units[:1], OPTIONS))
+        await asyncio.sleep(0.1)  # decoding now; the next two wait in the queue
+        gone = asyncio.ensure_future(b.submit(model, units[1:3], OPTIONS))
+        kept = asyncio.ensure_future(b.submit(model, units[3:], OPTIONS))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # its client hung up
+        res = await asyncio.gather(first, kept)
+        await b.stop()
+        return res
+
+    first, kept = asyncio.run(main())
+    assert decoded == [1, 1]  # the abandoned request's two units were never decoded
+    assert first + kept == tr.decoder.translate_ids(units[:1], OPTIONS) + tr.decoder.translate_ids(units[3:], OPTIONS)
+
+
 def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world):
-    tr = load_bundle(world["ct2"])[0]
+    tr = BundlePredictor(world["ct2"]).translator
     units = tr.prepare(world["en"][:16], OPTIONS).units
     sizes: list[int] = []
 
-    class Poisoned:  # a translator that fails on one specific request's units only
+    class Poisoned:  # a decoder that fails on one specific request's units only
         def __init__(self, inner):
             self.inner = inner
 
@@ -209,7 +283,7 @@ def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world
                 raise RuntimeError("poisoned unit")
             return self.inner.translate_ids(sources, options)
 
-    bad_model = ServedModel(Poisoned(tr), OPTIONS, "m", "1", "x")
+    bad_model = ServedModel(Translator(tr.tokenizer, Poisoned(tr.decoder)), OPTIONS, "m", "1", "x")
 
     async def main():
         b = MicroBatcher(max_batch=64, max_wait_s=0.05, workers=1, observe=sizes.append)
@@ -222,13 +296,13 @@ def test_micro_batches_merge_requests_and_a_failure_stays_with_its_request(world
 
     res = asyncio.run(main())
     assert isinstance(res[-1], RuntimeError)
-    assert [r[0] for r in res[:-1]] == tr.translate_ids(units, OPTIONS)
+    assert [r[0] for r in res[:-1]] == tr.decoder.translate_ids(units, OPTIONS)
     assert sizes[0] == 17  # all 17 requests arrived within max_wait: one merged batch (then isolated)
 
 
 def test_a_lone_request_does_not_wait_for_company(world):
     """With no other request queued or decoding, a batch closes at once instead of after max_wait."""
-    tr = load_bundle(world["ct2"])[0]
+    tr = BundlePredictor(world["ct2"]).translator
     model = ServedModel(tr, OPTIONS, "m", "1", "x")
     units = tr.prepare(world["en"][:3], OPTIONS).units
 
@@ -245,7 +319,7 @@ def test_a_lone_request_does_not_wait_for_company(world):
 
     lone, lone_s, pair = asyncio.run(main())
     assert lone_s < 2.0, f"a lone request waited {lone_s:.2f} s (max_wait 5 s)"
-    assert lone == tr.translate_ids(units[:1], OPTIONS) and [p[0] for p in pair] == tr.translate_ids(units[1:3], OPTIONS)
+    assert lone == tr.decoder.translate_ids(units[:1], OPTIONS) and [p[0] for p in pair] == tr.decoder.translate_ids(units[1:3], OPTIONS)
 
 
 # --------------------------------------------------------------------------- the service
@@ -304,7 +378,7 @@ def test_translate_happy_path_health_metadata_metrics(world, service):
         r = c.post("/translate", json={"sentences": src})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["translations"] == load_bundle(world["ct2"])[0].translate(src, OPTIONS)
+        assert body["translations"] == BundlePredictor(world["ct2"]).translator.translate(src, OPTIONS)
         assert body["model"] == {"name": "aiayn-test", "version": "local", "variant": "ct2-float32"}
         r1 = c.post("/translate", json={"sentences": src[:1], "beam_size": 1})
         assert r1.json()["translations"] == world["model"].translate(src[:1], DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6))
@@ -346,6 +420,26 @@ def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(shared_se
     assert count() == before + 1
 
 
+def test_n_best_with_scores_and_a_score_for_every_sentence(world, shared_service):
+    s, cfg = shared_service
+    src = world["en"][:3] + [""]
+    tr = BundlePredictor(world["ct2"]).translator
+    units = tr.prepare(src, OPTIONS).units
+    want = tr.decoder.translate_hyps(units, OPTIONS, n_best=2)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        plain = c.post("/translate", json={"sentences": src}).json()
+        r = c.post("/translate", json={"sentences": src, "n_best": 2}).json()
+        too_many = c.post("/translate", json={"sentences": src, "n_best": 3})
+    assert plain["translations"] == r["translations"] == tr.translate(src, OPTIONS)  # 1-best unchanged
+    assert "nbest" not in plain and len(plain["scores"]) == 4 and plain["scores"][3] == 0.0  # blank: nothing decoded
+    assert plain["scores"][:3] == pytest.approx([h[0].score for h in want], abs=1e-6)
+    for line, hyps, text in zip(r["nbest"], want, r["translations"]):
+        assert [x["score"] for x in line] == pytest.approx([h.score for h in hyps], abs=1e-6)
+        assert line[0]["translation"] == text and len(line) == 2
+    assert r["nbest"][3] == [{"translation": "", "score": 0.0}]
+    assert too_many.status_code == 422 and "must not exceed the beam size (2)" in too_many.json()["detail"]
+
+
 def test_wrong_method_and_unknown_path_are_json_errors_and_counted(shared_service):
     s, _ = shared_service
     with httpx.Client(base_url=s.url, timeout=30) as c:
@@ -369,7 +463,7 @@ def test_an_unwritable_log_fails_the_request_with_503(service):
 def test_concurrent_clients_one_invalid_and_every_answer_logged(world, service):
     s, cfg = service
     sentences = world["en"]
-    want = dict(zip(sentences, load_bundle(world["ct2"])[0].translate(sentences, OPTIONS)))
+    want = dict(zip(sentences, BundlePredictor(world["ct2"]).translator.translate(sentences, OPTIONS)))
 
     def client(i: int):
         with httpx.Client(base_url=s.url, timeout=60) as c:
@@ -485,7 +579,8 @@ def test_export_stage_builds_the_bundle_and_registers_it(world, tmp_path, monkey
     assert card["scores"]["test_a"]["bleu"] == report["variants"][chosen]["scores"]["test_a"]["bleu"]
     assert card["provenance"]["seed"] == 1 and card["max_source_tokens"] > 0
     assert "git_commit" not in card["provenance"]  # deterministic bytes: the commit goes to the registry copy
-    tr, info = load_bundle(layout.export)
+    bundle = BundlePredictor(layout.export)
+    tr, info = bundle.translator, bundle.info
     assert info["runtime"] == "ctranslate2" and info["compute_type"] == chosen.removeprefix("ct2-")
     assert len(tr.translate(["a man", ""], DecodeOptions(beam_size=1, max_len_b=8))) == 2
 

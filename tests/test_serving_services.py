@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 import tiny  # noqa: E402
-from aiayn.export import load_bundle  # noqa: E402
-from aiayn.translate import DecodeOptions  # noqa: E402
+from aiayn.decoders import DecodeOptions  # noqa: E402
+from aiayn.export import BundlePredictor  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def test_mlflow_models_serve_answers_every_payload_shape_in_order(world):
     try:
         _wait(f"http://127.0.0.1:{port}/ping", proc, log)
         src = world["en"]
-        want = load_bundle(world["bundle"])[0].translate(src, OPTIONS)
+        want = BundlePredictor(world["bundle"]).translator.translate(src, OPTIONS)
         url = f"http://127.0.0.1:{port}/invocations"
         payloads = [{"inputs": src},
                     {"dataframe_split": {"columns": ["sentence"], "data": [[s] for s in src]}},
@@ -100,6 +100,18 @@ def test_mlflow_models_serve_without_a_reachable_registry_exits_with_a_message(w
     assert proc.returncode == 2 and "unreachable" in proc.stderr, proc.stderr[-2000:]
 
 
+def _wait_decoding(url: str, n: int, timeout: float = 60) -> None:
+    """Until the server's ``aiayn_requests_decoding`` gauge reads ``n`` (requests accepted, not yet
+    answered): a signal sent after this finds them in flight, whatever the host's speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("aiayn_requests_decoding ") and float(line.split()[1]) >= n:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"{n} requests never were in flight at once at {url}")
+
+
 def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path):
     port = tiny.free_port()
     log_db = tmp_path / "requests.db"
@@ -116,7 +128,7 @@ def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path
 
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(one, i) for i in range(8)]
-            time.sleep(0.3)  # the requests wait in the 1 s batching window
+            _wait_decoding(url, 8)  # every request accepted (waiting in the 1 s batching window) before the signal
             proc.send_signal(signal.SIGTERM)
             answers = [f.result() for f in futures]
         assert [a.status_code for a in answers] == [200] * 8
@@ -127,4 +139,65 @@ def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path
     rows = sqlite3.connect(log_db).execute("SELECT count(*) FROM requests").fetchone()[0]
     assert rows == 8
     assert not Path(str(log_db) + "-wal").exists() or Path(str(log_db) + "-wal").stat().st_size == 0
-    assert json.loads(answers[0].text)["translations"] == load_bundle(world["bundle"])[0].translate(world["en"][0:3], OPTIONS)
+    assert json.loads(answers[0].text)["translations"] == BundlePredictor(world["bundle"]).translator.translate(world["en"][0:3], OPTIONS)
+
+
+def test_two_replicas_on_postgres_log_every_answer_exactly_once(world, tmp_path):
+    """Issue 27: two ``aiayn serve`` replicas write one PostgreSQL request log; 100 concurrent clients
+    spread over them, in two waves with every database connection dropped in between: every
+    answered sentence is logged exactly once, and the drift monitor reads the window from the same
+    database."""
+    from services import Postgres
+
+    from aiayn.request_log import open_request_log
+    from monitoring.drift import read_log_window
+
+    pg = Postgres(tmp_path / "pg")
+    pg.start()
+    replicas: list[tuple[subprocess.Popen, str, Path]] = []
+    try:
+        pg.create_database("serving")
+        url = f"postgresql://postgres@127.0.0.1:{pg.port}/serving"
+        for r in range(2):
+            port, log = tiny.free_port(), tmp_path / f"replica{r}.log"
+            proc = subprocess.Popen([str(BIN / "aiayn"), "serve", "--bundle", str(world["bundle"]), "--port", str(port),
+                                     "--log-url", url, "--poll-s", "0", "--max-wait-ms", "20"],
+                                    stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+            replicas.append((proc, f"http://127.0.0.1:{port}", log))
+        for proc, base, log in replicas:
+            _wait(f"{base}/ready", proc, log, timeout=180)
+
+        def client(i: int) -> tuple[int, str | None, int]:
+            sentences = [world["en"][(i + k) % len(world["en"])] for k in range(1 + i % 4)]
+            r = httpx.post(f"{replicas[i % 2][1]}/translate", json={"sentences": sentences}, timeout=300)
+            return r.status_code, r.json().get("request_id"), len(sentences)
+
+        with ThreadPoolExecutor(100) as pool:
+            answers = list(pool.map(client, range(50)))
+            # every replica's database connections dropped (a Postgres restart or failover): the next
+            # writes reconnect and retry once, and a retry never logs a request twice
+            import psycopg2
+
+            with psycopg2.connect(url) as conn, conn.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE datname = 'serving' AND pid <> pg_backend_pid()")
+                assert len(cur.fetchall()) >= 2
+            conn.close()
+            answers += list(pool.map(client, range(50, 100)))
+        assert [code for code, _, _ in answers] == [200] * 100
+        with open_request_log(url) as rl:
+            assert rl.counts() == {"requests": 100, "sentences": sum(n for _, _, n in answers)}
+            window = rl.latest(1000)
+            per_request = rl.request_ids()
+        assert per_request == {rid: n for _, rid, n in answers}  # each answer once, with all its sentences
+        sentences, info = read_log_window(url, 10)
+        assert sentences == [s.source for s in window[-10:]] and info["log"] == url
+        for proc, _, _ in replicas:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        for proc, _, _ in replicas:
+            if proc.poll() is None:
+                proc.kill()
+        pg.remove()

@@ -1,4 +1,4 @@
-"""aiayn.tracking against a real (temporary) SQLite MLflow store.
+"""aiayn.tracking against a real (temporary) SQLite MLflow store, with the stages' own ``StageRecord`` s.
 
 One store per module (creating its tables costs seconds); each test uses its own
 project root, so its pipeline state file is its own.
@@ -19,11 +19,62 @@ import numpy as np
 import pytest
 
 from aiayn import tracking
-from aiayn.stages import STAGES
-from aiayn.tracking import STATE_FILE, Tracker, dvc_data_hashes, end_pipeline_run, git_commit, resolve_tracking_uri
+from aiayn.config import load_params
+from aiayn.lineage import dvc_data_hashes, git_commit
+from aiayn.recording import StageRecord
+from aiayn.stages import Layout, split_reads
+from aiayn.tracking import STATE_FILE, Tracker, end_pipeline_run, resolve_tracking_uri
+from pipelines.stages import STAGES, stage_module
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
+
+
+def stage_record(stage: str) -> StageRecord:
+    """The ``RECORD`` the stage's module opens its run with (a bare record for a stage that has none)."""
+    import importlib
+
+    return getattr(importlib.import_module(stage_module(stage)), "RECORD", StageRecord(stage))
+
+
+def register_model(tracker: Tracker, model_dir_or_artifact_path: str | Path, name: str,
+                   alias: str | None = None) -> str | None:
+    """Register a model version in the MLflow Model Registry from ``tracker``'s run (test scaffolding).
+
+    ``model_dir_or_artifact_path`` is either a local file/directory, which is
+    first uploaded to this run's artifacts under ``registered/<name>``, or an
+    artifact path already logged on this run. Creates the registered model
+    ``name`` if needed, a version whose source is ``runs:/<run_id>/<path>``,
+    and points ``alias`` (e.g. ``"champion"``) at it. Returns the new version
+    number as a string, or None when tracking is off.
+    """
+    from mlflow.exceptions import MlflowException
+
+    if not tracker.active:
+        return None
+    local = Path(model_dir_or_artifact_path)
+    if local.exists():
+        artifact_path = f"registered/{name}"
+        if local.is_dir():
+            tracker.log_artifacts(local, artifact_path)
+        else:
+            tracker.log_artifact(local, artifact_path)
+    else:
+        artifact_path = str(model_dir_or_artifact_path).strip("/")
+
+    def register() -> str:
+        client = tracker._client
+        try:
+            client.create_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        mv = client.create_model_version(name, source=f"runs:/{tracker.run_id}/{artifact_path}", run_id=tracker.run_id)
+        if alias:
+            client.set_registered_model_alias(name, alias, mv.version)
+        return str(mv.version)
+
+    return tracker._guard(register)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +95,9 @@ def client(store: tuple[str, Path]) -> MlflowClient:
     return MlflowClient(tracking_uri=store[0])
 
 
-def _tracker(stage: str, root: Path, store: tuple[str, Path], **kw) -> Tracker:
-    return Tracker(stage, project_root=root, tracking_uri=store[0], **kw)
+def _tracker(stage: str | StageRecord, root: Path, store: tuple[str, Path], **kw) -> Tracker:
+    record = stage if isinstance(stage, StageRecord) else stage_record(stage)
+    return Tracker(record, project_root=root, tracking_uri=store[0], **kw)
 
 
 def _aiayn_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -162,6 +214,11 @@ def test_train_then_evaluate_share_one_parent(tmp_path: Path, store, client: Mlf
         assert t2.parent_run_id != parent_id
 
 
+def test_the_dag_s_last_stage_alone_ends_the_pipeline_run() -> None:
+    """The stages say which one ends the pipeline run (their RECORD); the orchestrator's order agrees."""
+    assert [s for s in STAGES if stage_record(s).ends_pipeline] == [STAGES[-1]]
+
+
 def test_repeated_stage_starts_new_pipeline_run(tmp_path: Path, store, client: MlflowClient) -> None:
     with _tracker("prepare", tmp_path, store) as p:
         first_parent = p.parent_run_id
@@ -209,8 +266,8 @@ def test_register_model_with_alias(tmp_path: Path, store, client: MlflowClient) 
     (bundle / "model.safetensors").write_bytes(b"weights")
     name = f"aiayn-{tmp_path.name}"
     with _tracker("export", tmp_path, store) as t:
-        v1 = t.register_model(bundle, name, alias="champion")
-        v2 = t.register_model(f"registered/{name}", name, alias="champion")  # already-logged artifact path
+        v1 = register_model(t, bundle, name, alias="champion")
+        v2 = register_model(t, f"registered/{name}", name, alias="champion")  # already-logged artifact path
         run_id = t.run_id
     assert (v1, v2) == ("1", "2")
     mv = client.get_model_version_by_alias(name, "champion")
@@ -248,13 +305,13 @@ def test_unreachable_server_warns_once_and_goes_on(tmp_path: Path, caplog) -> No
     caplog.set_level(logging.WARNING)
     (tmp_path / "f.txt").write_text("x")
     start = time.monotonic()
-    with Tracker("train", project_root=tmp_path, tracking_uri=f"http://127.0.0.1:{_closed_port()}") as t:
+    with Tracker(stage_record("train"), project_root=tmp_path, tracking_uri=f"http://127.0.0.1:{_closed_port()}") as t:
         t.log_params({"a": 1})
         for step in range(20):
             t.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
         t.log_artifact(tmp_path / "f.txt")
         t.set_tags({"k": "v"})
-        assert t.register_model(tmp_path / "f.txt", "m") is None
+        assert register_model(t, tmp_path / "f.txt", "m") is None
         assert t.run_id is None and t.parent_run_id is None and t.run_url() is None
     assert time.monotonic() - start < 10.0
     warnings = _aiayn_warnings(caplog)
@@ -289,11 +346,11 @@ def test_disabled_tracker_does_nothing(tmp_path: Path, monkeypatch, how: str) ->
     if how == "env":
         monkeypatch.setenv("AIAYN_TRACKING", "0")
     (tmp_path / "f.txt").write_text("x")
-    with Tracker("train", project_root=tmp_path, tracking_uri=f"sqlite:///{db}", **kw) as t:
+    with Tracker(stage_record("train"), project_root=tmp_path, tracking_uri=f"sqlite:///{db}", **kw) as t:
         t.log_params({"a": 1})
         t.log_metrics({"loss": 1.0}, step=0)
         t.log_artifact(tmp_path / "f.txt")
-        assert t.register_model(tmp_path / "f.txt", "m") is None
+        assert register_model(t, tmp_path / "f.txt", "m") is None
         assert not t.active and t.run_id is None and t.run_url() is None
     assert not db.exists()
     assert not (tmp_path / STATE_FILE).exists() and not (tmp_path / "mlruns").exists()
@@ -440,12 +497,28 @@ def _prepared_project(root: Path) -> None:
             (prepared / f"{split}.{lang}").write_text("".join(f"{split} {lang} {i}\n" for i in range(n)))
 
 
+def _stage_reads(stage: str, root: Path) -> StageRecord:
+    """The record the stage's ``run`` opens its run with in project ``root`` (its ``params.yaml``):
+    ``RECORD`` plus the prepared splits it reads."""
+    d, layout = load_params(root / "params.yaml").data, Layout(root)
+    langs = (d.src_lang, d.tgt_lang)
+    reads = {"train": (*split_reads(layout, [d.train_split], langs, "training"),
+                       *split_reads(layout, [d.valid_split], langs, "validation")),
+             "evaluate": split_reads(layout, d.test_splits, langs, "test")}
+    return stage_record(stage).reading(*reads.get(stage, ()))
+
+
+def _datasets(root: Path, stage: str) -> list[dict[str, str]]:
+    record = _stage_reads(stage, root)
+    return tracking.dvc_datasets(root, record.datasets, source_data=record.source_data)
+
+
 def test_datasets_are_dvc_digests(tmp_path: Path) -> None:
     from dvc_data.hashfile.hash import file_md5
     from dvc_objects.fs.local import LocalFileSystem
 
     _prepared_project(tmp_path)
-    train = tracking.dvc_datasets(tmp_path, "train")
+    train = _datasets(tmp_path, "train")
     assert [(d["name"], d["context"]) for d in train] == [
         ("data/multi30k", "source"), ("train.en", "training"), ("train.de", "training"),
         ("val.en", "validation"), ("val.de", "validation")]
@@ -455,16 +528,16 @@ def test_datasets_are_dvc_digests(tmp_path: Path) -> None:
         path = tmp_path / d["source"]
         assert d["digest"] == file_md5(str(path), fs)  # DVC's own content hash of the file
     assert json.loads(train[1]["profile"]) == {"lines": 5, "bytes": (tmp_path / "artifacts/prepared/train.en").stat().st_size}
-    assert [d["name"] for d in tracking.dvc_datasets(tmp_path, "evaluate")] == [
+    assert [d["name"] for d in _datasets(tmp_path, "evaluate")] == [
         "test_a.en", "test_a.de", "test_b.en", "test_b.de"]
-    assert tracking.dvc_datasets(tmp_path, "quantize") == []
+    assert _datasets(tmp_path, "quantize") == []
 
 
 def test_datasets_become_run_inputs(tmp_path: Path, store, client: MlflowClient) -> None:
     _prepared_project(tmp_path)
-    with _tracker("train", tmp_path, store) as t:
+    with _tracker(_stage_reads("train", tmp_path), tmp_path, store) as t:
         run_id, parent_id = t.run_id, t.parent_run_id
-    with _tracker("evaluate", tmp_path, store):
+    with _tracker(_stage_reads("evaluate", tmp_path), tmp_path, store):
         pass
 
     def inputs(rid: str) -> dict[str, tuple[str, str]]:
@@ -524,3 +597,69 @@ def test_dvc_experiment_copies_track_into_the_projects_store(tmp_path: Path, mon
     assert resolve_tracking_uri(project) == f"sqlite:///{(project / 'mlflow.db').as_posix()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")  # an explicit store still wins
     assert resolve_tracking_uri(copy) == "http://tracking:5000"
+
+
+# ----------------------------------------------------------------- issue 25: a pipeline run readable at a glance
+
+
+def test_pipeline_writes_do_not_make_a_fresh_clone_dirty(tmp_path: Path) -> None:
+    """A clone-like repository: what `make run` writes (dvc.lock rewritten, artifacts/, .aiayn/, mlflow.db,
+    even when git tracks them) is not the user's code; an edit to the code or params is."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    for rel, text in (("dvc.lock", "schema: '2.0'\n"), ("params.yaml", "train: {}\n"), ("src/aiayn/x.py", "x = 1\n"),
+                      ("artifacts/model/model.json", "{}\n")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    (tmp_path / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")  # dvc repro rewrote the lock
+    (tmp_path / "artifacts" / "model" / "model.json").write_text('{"step": 1}\n')
+    (tmp_path / ".aiayn").mkdir()
+    (tmp_path / ".aiayn" / "pipeline_run.json").write_text("{}")
+    (tmp_path / "mlflow.db").write_text("db")
+    commit, dirty = git_commit(tmp_path)
+    assert commit and not dirty
+    assert tracking.git_tags(tmp_path)["git.dirty"] == "false"
+    (tmp_path / "params.yaml").write_text("train: {max_steps: 3}\n")
+    assert git_commit(tmp_path)[1] is True
+    subprocess.run([*git, "checkout", "-q", "params.yaml"], check=True)
+    (tmp_path / "src" / "aiayn" / "x.py").write_text("x = 2\n")
+    assert git_commit(tmp_path)[1] is True
+
+
+def test_only_data_hashes_are_tags_all_hashes_are_one_artifact(tmp_path: Path, store, client: MlflowClient) -> None:
+    (tmp_path / "dvc.lock").write_text(DVC_LOCK)
+    (tmp_path / "data.dvc").write_text(DATA_DVC)
+    with _tracker("train", tmp_path, store) as t:
+        parent_id = t.parent_run_id
+    tags = client.get_run(parent_id).data.tags
+    hashed = {k for k in tags if k.startswith("data_hash.")}
+    assert hashed == {"data_hash.data/multi30k", "data_hash.artifacts/prepared", "data_hash.artifacts/tokenized"}
+    assert tags["data.version"] == "5555eeee.dir"  # the corpus version data.dvc names
+    local = client.download_artifacts(parent_id, "lineage/dvc_hashes.json", str(tmp_path / "dl"))
+    assert json.loads(Path(local).read_text())["src/aiayn/stages/prepare.py"] == "2222bbbb"  # code: in the artifact
+
+
+def test_the_pipeline_run_description_opens_with_the_budget(tmp_path: Path, store, client: MlflowClient) -> None:
+    """A run cut by the clock says so in the pipeline run's first description line and in a tag; the
+    description carries the headline scores, the model choice and the data version."""
+    (tmp_path / "data.dvc").write_text(DATA_DVC)
+    with _tracker("train", tmp_path, store) as t:
+        t.log_metrics({"averaged_valid_loss": 3.26, "averaged_valid_bleu": 30.1}, step=1590)
+        t.set_tags({"train.budget": "CUT by max_time_s at step 1590 of max_steps 2600: training did not finish",
+                    "train.budget_cut": "max_time_s", "train.stopped_by": "max_time_s", "train.stop_step": 1590,
+                    "train.selection": "step 1590 (valid_loss 3.2610)", "seed": "1"})
+        parent_id = t.parent_run_id
+    with _tracker("evaluate", tmp_path, store) as e:
+        e.log_metrics({"test_2016_flickr.bleu": 31.5, "test_2016_flickr.chrf": 55.0}, step=0)
+    run = client.get_run(parent_id).data
+    assert run.tags["train.budget_cut"] == "max_time_s" and "seed" not in run.tags  # headline tags only
+    text = run.tags["mlflow.note.content"]
+    first = text.splitlines()[0]
+    assert first.startswith("**WARNING: training CUT by max_time_s at step 1590")
+    assert "| test_2016_flickr | 31.50 | 55.00 |" in text and "averaged_valid_bleu 30.1" in text
+    assert "Model: step 1590" in text and "`5555eeee.dir`" in text
+    assert tracking.parent.describe_pipeline({}, {"train.budget": "complete: max_steps 2600 reached",
+                                                  "train.stopped_by": "max_steps", "train.stop_step": "2600"}
+                                             ).startswith("Training complete: max_steps 2600 reached")

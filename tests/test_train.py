@@ -267,11 +267,41 @@ def test_averaging_uses_evenly_spaced_checkpoints_after_an_off_grid_stop(tmp_pat
     assert steps == [7]
 
 
+def test_trainer_driven_step_by_step_is_the_train_function(tmp_path):
+    """``Trainer``'s parts called by hand (setup, step while should_stop is None, checkpoint) make train()'s run."""
+    from aiayn.train import Trainer
+
+    split, valid = synthetic_split(), synthetic_split(8, seed=1)
+    full = train(MODEL, cfg(max_steps=5, validate_every=2), split, valid, tmp_path / "full")
+    trainer = Trainer(MODEL, cfg(max_steps=5, validate_every=2), split, valid, tmp_path / "manual")
+    trainer.setup()
+    steps = 0
+    while (reason := trainer.should_stop()) is None:
+        trainer.step()
+        steps += 1
+    trainer.checkpoint()
+    assert (reason, steps, full.stopped_by) == ("max_steps", 5, "max_steps")
+    assert trainer.result.losses == full.losses and trainer.result.valid == full.valid and sorted(full.valid) == [2, 4]
+    assert_bitwise_equal(weights(trainer.result.model), weights(full.model))
+    [a], [b] = list_checkpoints(tmp_path / "full"), list_checkpoints(tmp_path / "manual")
+    assert a.name == b.name == "ckpt_00000005.json"
+    assert a.with_suffix(".safetensors").read_bytes() == b.with_suffix(".safetensors").read_bytes()
+
+
+def test_checkpoint_step_reads_the_names_list_checkpoints_finds(tmp_path):
+    from aiayn.checkpoint import checkpoint_step
+
+    train(MODEL, cfg(max_steps=3, checkpoint_every=2), synthetic_split(), None, tmp_path / "ck")
+    assert [checkpoint_step(p) for p in list_checkpoints(tmp_path / "ck")] == [2, 3]
+    with pytest.raises(ValueError, match="not a checkpoint name"):
+        checkpoint_step(tmp_path / "ck" / "ckpt_2.json")
+
+
 # --- the GPU path's guards, checked on CPU ---------------------------------------------------------------------
 
 
 def test_non_finite_updates_are_skipped_counted_and_logged_then_raise(tmp_path, monkeypatch):
-    import aiayn.train as train_module
+    import aiayn.train.trainer as train_module  # the loop's module: where it looks the loss up
 
     real = train_module.label_smoothed_cross_entropy
     poisoned = {3, 4}  # optimizer updates whose loss is made non-finite

@@ -29,10 +29,11 @@ from aiayn.cli import app
 from aiayn.config import EOS_ID, UNK_ID, EvalConfig, TokenizerConfig, model_preset
 from aiayn.corpus import read_lines
 from aiayn.decode import beam_search, greedy_decode
+from aiayn.decoders import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
 from aiayn.textio import InputError, clean_line, read_input, split_lines, split_long
 from aiayn.tokenizer import Tokenizer, train_tokenizer
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.translate import Translator
 from model_wrappers import LogitBias
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,14 +160,14 @@ def test_cli_line_breakers_stay_inside_lines(bundle):
 
 @pytest.mark.parametrize("decoder", ["greedy", "beam"])
 def test_unk_is_never_generated(translator, decoder):
-    favour = LogitBias(translator.model, {UNK_ID: 1e4})  # UNK would win every slot
+    favour = LogitBias(translator.decoder.model, {UNK_ID: 1e4})  # UNK would win every slot
     src = torch.tensor([[10, 11, 12, EOS_ID], [20, 21, EOS_ID, 0]])
     if decoder == "greedy":
         out = greedy_decode(favour, src, max_len_b=4)
     else:
         out = beam_search(favour, src, beam_size=3, max_len_b=4)
     assert all(out) and not any(UNK_ID in o for o in out)
-    text = Translator(favour, translator.tokenizer).translate(["A dog runs.", "Two men."], GREEDY if decoder == "greedy" else BEAM)
+    text = Translator(translator.tokenizer, EagerDecoder(favour)).translate(["A dog runs.", "Two men."], GREEDY if decoder == "greedy" else BEAM)
     assert len(text) == 2 and not any("\u2047" in t for t in text)
 
 
@@ -194,7 +195,7 @@ def test_surrogates_and_replacement_characters_do_not_crash(translator):
 
 
 def test_limit_derives_from_the_model(translator):
-    assert translator.model.max_positions == 64
+    assert translator.decoder.model.max_side_tokens == 64
     # int(1.0 * n + 10) <= 63 -> n <= 53; the position table alone would allow 64
     assert translator.max_source_tokens(DecodeOptions(max_len_a=1.0, max_len_b=10)) == 53
     assert translator.max_source_tokens(DecodeOptions(max_len_a=0.0, max_len_b=10)) == 64
@@ -267,8 +268,8 @@ def test_cli_long_policies(bundle, tmp_path):
 
 
 def test_chunks_come_in_input_order(translator):
-    model = translator.model
-    translator.model = model.double()
+    model = translator.decoder.model
+    translator.decoder.model = model.double()
     try:
         lines = [SENTENCES[i % 4] if i % 5 else "" for i in range(40)]
         lines[7] = lines[7] + " " + " ".join(SENTENCES)
@@ -280,7 +281,7 @@ def test_chunks_come_in_input_order(translator):
         assert streamed == translator.translate(lines, GREEDY, long="split")
         assert [i for i, t in enumerate(streamed) if not t] == [i for i in range(40) if i % 5 == 0]
     finally:
-        translator.model = model.float()
+        translator.decoder.model = model.float()
 
 
 def _big_input(path: Path, n: int) -> None:
@@ -422,7 +423,7 @@ def test_device_argument(bundle):
 def test_train_interrupt_exits_130_with_checkpoint_path(monkeypatch):
     import aiayn.stages.train as train_stage
 
-    def interrupted(params, layout):
+    def interrupted(params, layout, recorder=None):
         raise InterruptedError("training interrupted at step 7; checkpoint saved in artifacts/checkpoints, rerun to resume")
 
     monkeypatch.setattr(train_stage, "run", interrupted)
@@ -430,6 +431,92 @@ def test_train_interrupt_exits_130_with_checkpoint_path(monkeypatch):
     assert r.exit_code == 130
     assert "interrupted at step 7; checkpoint saved in artifacts/checkpoints" in r.stderr
     assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- 8b. n-best, scores, interactive, serving bundle
+
+
+def test_cli_nbest_and_scores(bundle, translator):
+    src = ["A dog runs.", "", "Two men walk in the snow."]
+    data = "".join(f"{s}\n" for s in src).encode()
+    beam = DecodeOptions(beam_size=2, max_len_b=5)
+    want = next(translator.translate_prepared_nbest(translator.prepare(src, beam, long="split"), beam, n_best=2))
+    r = cli("--model-dir", str(bundle), "--beam-size", "2", "--max-len-b", "5", "--nbest", "2", "--scores", input=data)
+    assert r.exit_code == 0, r.output
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [int(k) for k, _, _ in rows] == [0, 0, 1, 2, 2]  # 2 hypotheses per line, one for the blank line
+    got = [(int(k), float(score), text) for k, score, text in rows]
+    expected = [(k, h.score, h.text) for k, hyps in enumerate(want) for h in hyps]
+    assert [(k, t) for k, _, t in got] == [(k, t) for k, _, t in expected]
+    assert [sc for _, sc, _ in got] == pytest.approx([sc for _, sc, _ in expected], abs=1e-6)
+    plain = cli("--model-dir", str(bundle), "--beam-size", "2", "--max-len-b", "5", input=data)
+    scored = cli("--model-dir", str(bundle), "--beam-size", "2", "--max-len-b", "5", "--scores", input=data)
+    assert [line.split("\t")[1] for line in scored.stdout.splitlines()] == plain.stdout.splitlines()
+    assert [t for k, _, t in got if k != 1][::2] == [x for x in plain.stdout.splitlines() if x]  # rank 0 = the 1-best
+    bad = cli("--model-dir", str(bundle), "--beam-size", "2", "--nbest", "3", input=data)
+    assert bad.exit_code == 2 and "--nbest 3 needs --beam-size 3 or more" in bad.stderr
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_cli_interactive_translates_each_line_as_it_is_entered(bundle, translator, terminal):
+    """A pipe kept open with --interactive, or a terminal (a pty: interactive by default): each line's
+    translation arrives before the next line is written, a bad line gets an empty line and goes on."""
+    import pty
+    import select
+
+    cmd = aiayn("translate", "--model-dir", str(bundle), "--beam-size", "1", "--max-len-b", "5",
+                *([] if terminal else ["--interactive"]))
+    if terminal:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(cmd, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        os.close(slave)
+        send = lambda b: os.write(master, b)  # noqa: E731
+    else:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+        send = lambda b: (proc.stdin.write(b), proc.stdin.flush())  # noqa: E731
+
+    def line() -> str:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready, "no translation while the input stays open"
+        return proc.stdout.readline().decode()
+
+    try:
+        got = []
+        for text in ("A dog runs.", "Two men."):
+            send(f"{text}\n".encode())
+            got.append(line())
+        send(b"A m\xffan.\n")
+        got.append(line())
+        send(b"\x04" if terminal else b"")  # Ctrl-D on a terminal; else close the pipe
+        if not terminal:
+            proc.stdin.close()
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        if terminal:
+            os.close(master)
+    err = proc.stderr.read().decode()
+    assert got == [t + "\n" for t in translator.translate(["A dog runs.", "Two men."], GREEDY)] + ["\n"], err
+    assert rc == 0 and "line 3: error: <stdin line 3>: line 1, byte 3" in err, err
+    assert ("Ctrl-D ends" in err) == terminal
+
+
+def test_cli_bundle_translates_as_the_service_does(bundle, translator, tmp_path):
+    from types import SimpleNamespace
+
+    import tiny
+    from aiayn.export import BundlePredictor
+
+    ct2 = tiny.ct2_bundle(tmp_path, SimpleNamespace(model=bundle), translator.tokenizer,
+                          DecodeOptions(beam_size=2, max_len_b=5))
+    src = ["A dog runs.", "", "Two men walk in the snow."]
+    r = cli("--bundle", str(ct2), input="".join(f"{s}\n" for s in src).encode())
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == BundlePredictor(ct2).translate(src)  # the bundle's own decoding options
+    r = cli("--bundle", str(ct2), "--checkpoint", str(bundle / "model.safetensors"), input=b"A dog.\n")
+    assert r.exit_code == 2 and "exclude each other" in r.stderr
+    r = cli("--bundle", str(tmp_path / "nope"), input=b"A dog.\n")
+    assert r.exit_code == 2 and "not a serving bundle" in r.stderr
 
 
 # --------------------------------------------------------------------------- 9. property test

@@ -11,11 +11,11 @@ import torch
 
 from aiayn.checkpoint import save_model
 from aiayn.config import TokenizerConfig, model_preset
+from aiayn.decoders import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
-from aiayn.quantize.eager import eager_translate_ids
 from aiayn.stages import Layout
 from aiayn.tokenizer import Tokenizer, train_tokenizer
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.translate import Translator
 
 WORDS = "a man woman dog cat runs jumps in the park street red blue big small two three children play with ball".split()
 GERMAN = dict(zip(WORDS, "ein Mann Frau Hund Katze rennt springt im der Park Strasse rot blau gross klein zwei drei Kinder spielen mit Ball".split()))
@@ -58,7 +58,8 @@ def project(root: Path, tok: Tokenizer, norm: str = "post") -> Layout:
     save_model(layout.model / "model.safetensors", m.state_dict())
     (layout.model / "model.json").write_text(json.dumps({"model": m.cfg.model_dump(mode="json"), "seed": 1, "data_seed": 1}))
     (layout.model / "spm.model").write_bytes(Path(tok.source).read_bytes())
-    ids = eager_translate_ids(m, Translator(m, tok).encode((prep / "test_a.en").read_text().splitlines()),
+    eager = EagerDecoder(m)
+    ids = eager.translate_ids(Translator(tok, eager).encode((prep / "test_a.en").read_text().splitlines()),
                               DecodeOptions(beam_size=1, max_len_b=8))
     (prep / "test_a.de").write_text("\n".join(tok.decode(ids)) + "\n")
     return layout
@@ -70,11 +71,12 @@ CARD = {"name": "aiayn-test", "description": "tiny", "why": "test", "scores": {"
 
 def ct2_bundle(root: Path, layout: Layout, tok: Tokenizer, decode: DecodeOptions, name: str = "bundle-ct2") -> Path:
     """A serving bundle (``aiayn.export``) of ``layout``'s model converted to CTranslate2 float32."""
+    from aiayn.bundle import ModelBundle
     from aiayn.export import build_bundle
     from aiayn.quantize.converter import AiaynConverter
 
-    model = Translator.from_dir(layout.model, device="cpu")
-    AiaynConverter(model.model, tok).convert(str(root / f"{name}-ct2"), quantization="float32", force=True)
+    model = ModelBundle.load(layout.model, device="cpu").model
+    AiaynConverter(model, tok).convert(str(root / f"{name}-ct2"), quantization="float32", force=True)
     return build_bundle(root / name, model_dir=layout.model, variant="ct2-float32", variant_dir=root / f"{name}-ct2",
                         compute_type="float32", decode=decode, card=CARD)
 

@@ -34,6 +34,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "list_checkpoints",
+    "checkpoint_step",
     "average_checkpoints",
     "save_model",
     "load_model_weights",
@@ -217,6 +218,17 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _CKPT_RE.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def checkpoint_step(json_path: str | Path) -> int:
+    """The step in a checkpoint's name (``ckpt_00000050.json`` -> 50).
+
+    Raises ``ValueError`` for a name that ``save_checkpoint`` does not write.
+    """
+    m = _CKPT_RE.match(Path(json_path).name)
+    if m is None:
+        raise ValueError(f"not a checkpoint name (ckpt_<8 digits>.json): {Path(json_path).name}")
+    return int(m.group(1))
 
 
 def average_checkpoints(json_paths: list[Path]) -> dict[str, torch.Tensor]:

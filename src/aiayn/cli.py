@@ -1,13 +1,13 @@
-"""``aiayn <verb>``: one command per pipeline stage, plus ``check``, ``translate``, ``serve`` and ``presets``.
+"""``aiayn <verb>``: one command per pipeline stage, plus ``check``, ``fetch``, ``monitor``, ``translate``, ``serve``, ``export-hf`` and ``presets``.
 
-Every stage verb calls the same ``aiayn.stages.<name>.run`` that ``dvc.yaml``
-(through the Prefect flows in ``pipelines/``) runs.
+Every stage verb calls the same ``run`` of the stage's module that ``dvc.yaml`` (through the Prefect
+flows in ``pipelines/``) runs, with the MLflow recorder. The drift monitor's verbs come from the
+``monitoring`` package, which declares them as ``aiayn.commands`` entry points.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -17,81 +17,24 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from aiayn.config import ConfigError, load_params
+from aiayn.commands import COMMANDS_GROUP, ParamsOpt, RootOpt, setup_logging, stage_command
+from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
-ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params.yaml to read.")]
-RootOpt = Annotated[Path, typer.Option("--root", help="Project root (artifacts/ and data/ live under it).")]
 
+def main() -> None:
+    """The ``aiayn`` console script and ``python -m aiayn``: the process defaults
+    (``aiayn.settings.apply_process_defaults``, before anything loads torch), then the app."""
+    from aiayn.settings import apply_process_defaults
 
-class _StderrHandler(logging.StreamHandler):
-    """A ``StreamHandler`` on whatever ``sys.stderr`` is when a record is written (not when the
-    handler was made), so redirected or replaced stderr streams (tests, notebooks) keep working."""
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    """Log ``aiayn`` messages to stderr (rich formatting on a terminal)."""
-    logger = logging.getLogger("aiayn")
-    logger.setLevel(level)  # every command sets its own level, also when an earlier one (same process) set up
-    if logger.handlers:
-        return
-    if sys.stderr.isatty():
-        from rich.logging import RichHandler
-
-        handler: logging.Handler = RichHandler(show_path=False)
-    else:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
-
-
-def run_stage(name: str, params_path: Path, root: Path) -> dict:
-    """Load params and run stage ``name``; returns its summary."""
-    setup_logging()
-    from aiayn.stages import stage_module
-
-    from aiayn.checks import load_checked
-
-    params = load_checked(params_path, root)  # every cross-field problem, before the stage does anything
-    module = importlib.import_module(stage_module(name))
-    return module.run(params, Layout(root))
-
-
-#: Exit status after SIGINT / Ctrl-C (128 + SIGINT), as shells report it.
-EXIT_INTERRUPTED = 130
-#: Exit status when the reader of standard output went away (128 + SIGPIPE), e.g. ``| head``.
-EXIT_BROKEN_PIPE = 141
+    apply_process_defaults()
+    app()
 
 
 def _stage_command(name: str, doc: str) -> None:
-    def command(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
-        try:
-            summary = run_stage(name, params, root)
-        except InterruptedError as e:  # the train loop caught SIGINT/SIGTERM and wrote a checkpoint
-            typer.echo(f"aiayn {name}: {e}", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        except KeyboardInterrupt:  # Ctrl-C outside the train loop's own handler (loading, averaging)
-            typer.echo(f"aiayn {name}: interrupted", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        except (ConfigError, FileNotFoundError, ValueError) as e:
-            typer.echo(f"aiayn {name}: error: {e}", err=True)
-            raise typer.Exit(2) from e
-        typer.echo(json.dumps(summary, indent=2, default=str))
-
-    command.__doc__ = doc
-    app.command(name=name)(command)
+    app.command(name=name)(stage_command(name, f"aiayn.stages.{name}", doc))
 
 
 _stage_command("corpus", "Snapshot the configured corpus source (data.corpus) for the pair into artifacts/corpus, checksummed.")
@@ -101,47 +44,30 @@ _stage_command("train", "Train (or resume) the Transformer; write the averaged m
 _stage_command("evaluate", "Translate the test sets with beam search and score them with sacreBLEU.")
 _stage_command("quantize", "Build CTranslate2/torchao quantized variants, evaluate each, gate on BLEU (artifacts/quantized).")
 _stage_command("export", "Build the serving bundle (artifacts/export) and register it in the MLflow Model Registry.")
-_stage_command("monitor-reference", "Build the drift reference from the training source side (artifacts/monitor_reference).")
 
 
-@app.command()
-def monitor(
-    input_path: Annotated[Optional[Path], typer.Option("--input", "-i", help="Text file, one sentence per line (default: the latest window of the serving log).")] = None,
-    params: ParamsOpt = Path("params.yaml"),
-    root: RootOpt = Path("."),
-    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: artifacts/drift/<UTC time>).")] = None,
-    track: Annotated[bool, typer.Option(help="Log the check to MLflow.")] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the whole JSON summary instead of one line per test.")] = False,
-) -> None:
-    """Check production inputs for drift against the training reference (Evidently).
+def _project_commands() -> None:
+    """Register the commands the project's other packages declare in the ``aiayn.commands``
+    entry-point group of the ``aiayn`` distribution (the drift monitor's ``monitor`` and
+    ``monitor-reference``). Every ``aiayn`` metadata folder on ``sys.path`` is read, first one wins
+    per command, so a stale ``aiayn.egg-info`` in the working directory cannot hide the installed
+    ones. A command that cannot load is left out with one line on stderr; the rest still work."""
+    from importlib.metadata import distributions
 
-    Prints the verdict and one line per test (``--json``: the whole summary); reports
-    (report.html, embeddings.html, summary.json) go to the report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
-    window, fewer sentences than monitor.min_window, missing reference, unreadable log).
-    """
-    setup_logging()
-    from monitoring.drift import DriftCheckError, exit_code, run_check
+    declared = {}
+    for dist in distributions(name="aiayn"):
+        for ep in dist.entry_points.select(group=COMMANDS_GROUP):
+            declared.setdefault(ep.name, ep)
+    for name, ep in sorted(declared.items()):
+        try:
+            command = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken extra command must not take the CLI down
+            print(f"aiayn: command {name!r} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        app.command(name=name)(command)
 
-    try:
-        summary, folder = run_check(load_params(params), Layout(root),
-                                    input_path=input_path, out_dir=out, track=track)
-    except (DriftCheckError, ConfigError) as e:
-        typer.echo(f"aiayn monitor: error: {e}", err=True)
-        raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2, default=str))
-    else:
-        typer.echo(f"{summary['verdict']}: {summary['window']['sentences']} sentences; reports in {folder}")
-        for name, t in summary["descriptors"].items():
-            typer.echo(f"  {name:18s} {t['test']} {t['statistic']:.4g} (threshold {t['threshold']:g})"
-                       f"{'  DRIFT' if t['drifted'] else ''}")
-        if summary.get("embeddings"):
-            e = summary["embeddings"]
-            typer.echo(f"  {'embeddings':18s} {e['method']} {e['statistic']:.4g} ({e['test']})"
-                       f"{'  DRIFT' if e['drifted'] else ''}")
-    if summary["verdict"] == "insufficient_data":
-        typer.echo(f"aiayn monitor: {summary.get('reason')}", err=True)
-    raise typer.Exit(exit_code(summary["verdict"]))
+
+_project_commands()
 
 
 @app.command()
@@ -164,6 +90,9 @@ def check(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) ->
 def fetch(
     mirror: Annotated[Optional[Path], typer.Option(help="Copy from this folder instead of downloading (env AIAYN_DATA_MIRROR).")] = None,
     root: RootOpt = Path("."),
+    tok_references: Annotated[bool, typer.Option(
+        help="Also download the dataset's lowercased, Moses-tokenized test references (data/multi30k/tok/, "
+             "fairseq/Wu et al. 2021 BLEU: evaluate.moses_bleu); needs the internet.")] = False,
 ) -> None:
     """Download (or copy from a mirror) the Multi30k corpus into data/multi30k, verifying SHA-256."""
     setup_logging()
@@ -171,6 +100,13 @@ def fetch(
 
     try:
         summary = fetch_stage.run(Layout(root), mirror=mirror)
+        if tok_references:
+            from aiayn.config import load_params
+            from aiayn.moses_bleu import fetch_tok_references
+
+            d = load_params(Path(root) / "params.yaml").data
+            got = fetch_tok_references(Layout(root).raw, d.test_splits, (d.tgt_lang,))
+            summary["tok_references"] = [p.name for p in got]
     except (OSError, ValueError) as e:
         typer.echo(f"aiayn fetch: error: {e}", err=True)
         raise typer.Exit(2) from e
@@ -245,12 +181,16 @@ def translate(
     input: Annotated[Optional[Path], typer.Argument(help="One sentence per line ('\\n' or '\\r\\n' ends a line); '-' or absent: standard input.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write translations here, atomically (default: stdout, streamed).")] = None,
     model_dir: Annotated[Path, typer.Option(help="Model bundle (model.json, model.safetensors, spm.model).")] = Path("artifacts/model"),
+    bundle: Annotated[Optional[Path], typer.Option(help="Use this serving bundle (artifacts/export: CTranslate2 or eager) and its decoding options, as `aiayn serve` does.")] = None,
     checkpoint: Annotated[Optional[Path], typer.Option(help="Use these weights instead (a .safetensors or a ckpt_*.json).")] = None,
-    beam_size: Annotated[int, typer.Option(min=1, help="1 = greedy.")] = 4,
-    len_penalty: Annotated[float, typer.Option(min=0.0)] = 0.6,
-    max_len_a: Annotated[float, typer.Option(min=0.0)] = 1.0,
-    max_len_b: Annotated[int, typer.Option(min=1)] = 50,
-    max_tokens: Annotated[int, typer.Option(min=16, help="Source tokens per batch.")] = 4000,
+    beam_size: Annotated[Optional[int], typer.Option(min=1, help="1 = greedy. [default: 4, or the bundle's]")] = None,
+    len_penalty: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 0.6, or the bundle's]")] = None,
+    max_len_a: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 1.0, or the bundle's]")] = None,
+    max_len_b: Annotated[Optional[int], typer.Option(min=1, help="[default: 50, or the bundle's]")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=16, help="Source tokens per batch. [default: 4000, or the bundle's]")] = None,
+    nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each line (at most --beam-size), each as 'LINE<TAB>translation' (LINE: 0-based input line).")] = 1,
+    scores: Annotated[bool, typer.Option("--scores", help="Put each translation's score (length-normalised log-probability) and a tab before it.")] = False,
+    interactive: Annotated[bool, typer.Option("--interactive", help="Translate each line as soon as it is read (the default when standard input is a terminal).")] = False,
     long: Annotated[Literal["error", "truncate", "split"], typer.Option(
         "--long", help="A line longer than the model accepts: split it at sentence/clause/word boundaries, "
                        "truncate it (with a warning), or stop with an error naming it.")] = "split",
@@ -262,44 +202,43 @@ def translate(
     """Translate sentences (one per line) with the pipeline's latest model: one output line per input line.
 
     Blank lines stay blank; characters the model does not know are left out (one warning); long
-    lines follow --long. Output is written per batch in input order. Exit status: 0, 2 (bad input,
-    model or option: one-line message, nothing written), 130 (Ctrl-C), 141 (stdout closed).
+    lines follow --long. Output is written per batch in input order; interactively (a terminal, or
+    --interactive), per line as each is entered. Exit status: 0, 2 (bad input, model or option:
+    one-line message, nothing written), 130 (Ctrl-C), 141 (stdout closed).
     """
     setup_logging(logging.WARNING)
-    from aiayn.checkpoint import CheckpointError
-    from aiayn.textio import InputError, read_input
-    from aiayn.tokenizer import TokenizerError
-    from aiayn.translate import DecodeOptions, Translator
-
-    options = DecodeOptions(beam_size=beam_size, len_penalty=len_penalty, max_len_a=max_len_a,
-                            max_len_b=max_len_b, max_tokens=max_tokens)
+    overrides = {"beam_size": beam_size, "len_penalty": len_penalty, "max_len_a": max_len_a, "max_len_b": max_len_b,
+                 "max_tokens": max_tokens}
+    if interactive and input not in (None, Path("-")):
+        _fail(ValueError("--interactive translates standard input: leave out the input file"))
+    interactive = interactive or (input in (None, Path("-")) and sys.stdin.isatty())
     out: Optional[_Output] = None
     try:
         with contextlib.ExitStack() as stack:
+            translator, options = _open_translator(model_dir, bundle, checkpoint, device, overrides, nbest)
+            write = _line_writer(nbest, scores)
+            if interactive:
+                out = _Output(output, stack)
+                _translate_interactive(translator, options, out, write, nbest=nbest, long=long, errors=encoding_errors)
+                return
             try:
-                translator = Translator.from_dir(model_dir, weights=checkpoint, device=device)  # before any input is read
                 if input is None or str(input) == "-":
                     data, source = sys.stdin.buffer.read(), "<stdin>"
                 else:
                     data, source = input.read_bytes(), str(input)
+                from aiayn.textio import read_input
+
                 lines = read_input(data, errors=encoding_errors, source=source)
                 prepared = translator.prepare(lines, options, long=long)
                 out = _Output(output, stack)
-            except (OSError, ValueError, InputError, TokenizerError, CheckpointError) as e:
-                typer.echo(f"aiayn translate: error: {' '.join(str(e).split())}", err=True)
-                raise typer.Exit(2) from None
-            chunks = translator.translate_prepared(prepared, options, chunk_tokens=max_tokens)
-            if len(lines) >= 50 and sys.stderr.isatty():
-                from rich.progress import Progress
-
-                bar = stack.enter_context(Progress(transient=True))
-                task = bar.add_task("translate", total=len(lines))
-                for chunk in chunks:
-                    out.write(chunk)
-                    bar.advance(task, len(chunk))
+            except (OSError, ValueError) as e:
+                _fail(e)
+            if nbest == 1 and not scores:  # the plain path: exactly the evaluate stage's outputs
+                chunks = translator.translate_prepared(prepared, options, chunk_tokens=options.max_tokens)
             else:
-                for chunk in chunks:
-                    out.write(chunk)
+                chunks = translator.translate_prepared_nbest(prepared, options, n_best=nbest,
+                                                             chunk_tokens=options.max_tokens)
+            _write_chunks(chunks, out, write, len(lines), stack)
     except KeyboardInterrupt:
         if output is None:
             done = f"{out.written if out else 0} line(s) written to stdout"
@@ -312,6 +251,121 @@ def translate(
     except BrokenPipeError:
         _stdout_gone()
         raise typer.Exit(EXIT_BROKEN_PIPE) from None
+
+
+@app.command(name="export-hf")
+def export_hf(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write (replaced atomically).")],
+    model_dir: Annotated[Path, typer.Option(help="Model bundle (model.json, model.safetensors, spm.model).")] = Path("artifacts/model"),
+    params: Annotated[Optional[Path], typer.Option("--params", "-p", help="params.yaml whose evaluate block gives the "
+                                                   "decoding defaults and data block the languages (default: "
+                                                   "./params.yaml when present, else the built-in defaults).")] = None,
+) -> None:
+    """Export the model to the Hugging Face Marian format (transformers, ct2-transformers-converter, MLflow).
+
+    The folder loads offline with ``transformers.pipeline("translation_<src>_to_<tgt>", model=DIR)``.
+    Exit status 2 with a one-line message for a missing bundle or a model Marian cannot express.
+    """
+    setup_logging()
+    from aiayn.checkpoint import CheckpointError
+    from aiayn.config import ConfigError, Params, load_params
+    from aiayn.decoders import DecodeOptions
+    from aiayn.hf_marian import MarianExportError, export_marian
+
+    try:
+        p = load_params(params) if params is not None or Path("params.yaml").is_file() else Params()
+        decode = DecodeOptions.from_eval(p.evaluate)
+        out = export_marian(model_dir, output, decode=decode, src_lang=p.data.src_lang, tgt_lang=p.data.tgt_lang)
+    except (ConfigError, FileNotFoundError, MarianExportError, CheckpointError, ValueError) as err:
+        typer.echo(f"aiayn export-hf: error: {' '.join(str(err).split())}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(out))
+
+
+def _fail(e: BaseException) -> None:
+    """``aiayn translate``'s one-line error, exit status 2."""
+    typer.echo(f"aiayn translate: error: {' '.join(str(e).split())}", err=True)
+    raise typer.Exit(2) from None
+
+
+def _open_translator(model_dir: Path, bundle: Optional[Path], checkpoint: Optional[Path], device: str,
+                     overrides: dict, nbest: int):
+    """``(Translator, DecodeOptions)`` before any input is read: the trained model folder decoded eagerly,
+    or a serving bundle (its runtime and decoding options, ``aiayn.export.BundlePredictor``), with the
+    options given on the command line. Bad model or option: ``_fail``."""
+    from dataclasses import replace
+
+    from aiayn.checkpoint import CheckpointError
+    from aiayn.decoders import DecodeOptions
+    from aiayn.tokenizer import TokenizerError
+
+    try:
+        if bundle is not None:
+            if checkpoint is not None:
+                raise ValueError("--checkpoint and --bundle exclude each other (a bundle holds its own weights)")
+            from aiayn.bundle import resolve_device
+            from aiayn.export import BundlePredictor
+
+            predictor = BundlePredictor(bundle, device=resolve_device(device).type, threads=len(os.sched_getaffinity(0)))
+            translator, options = predictor.translator, predictor.options
+        else:
+            from aiayn.translate import Translator
+
+            translator, options = Translator.from_dir(model_dir, weights=checkpoint, device=device), DecodeOptions()
+        options = replace(options, **{k: v for k, v in overrides.items() if v is not None})
+        if nbest > options.beam_size:
+            raise ValueError(f"--nbest {nbest} needs --beam-size {nbest} or more (beam size {options.beam_size})")
+    except (OSError, ValueError, TokenizerError, CheckpointError) as e:
+        _fail(e)
+    return translator, options
+
+
+def _line_writer(nbest: int, scores: bool):
+    """How one input line's ``ScoredLine`` list (or plain text) becomes output lines (``--nbest``, ``--scores``)."""
+
+    def lines(index: int, hyps) -> list[str]:
+        if isinstance(hyps, str):
+            return [hyps]
+        head = f"{index}\t" if nbest > 1 else ""
+        return [f"{head}{h.score:.6f}\t{h.text}" if scores else f"{head}{h.text}" for h in hyps]
+
+    return lines
+
+
+def _write_chunks(chunks, out: "_Output", write, total: int, stack: contextlib.ExitStack) -> None:
+    """Write each chunk's lines as it comes (a progress bar on a terminal for 50 lines or more)."""
+    bar = task = None
+    if total >= 50 and sys.stderr.isatty():
+        from rich.progress import Progress
+
+        bar = stack.enter_context(Progress(transient=True))
+        task = bar.add_task("translate", total=total)
+    index = 0
+    for chunk in chunks:
+        out.write([line for k, hyps in enumerate(chunk, index) for line in write(k, hyps)])
+        index += len(chunk)
+        if bar is not None:
+            bar.advance(task, len(chunk))
+
+
+def _translate_interactive(translator, options, out: "_Output", write, *, nbest: int, long: str, errors: str) -> None:
+    """Read standard input one line at a time and write each line's translation at once (never waits
+    for the end of the input). A line that cannot be translated (bad bytes, too long under
+    ``--long error``) gets an empty output line and one error line on stderr; the session goes on."""
+    from aiayn.textio import InputError, read_input
+    from aiayn.translate import ScoredLine
+
+    if sys.stdin.isatty():
+        typer.echo("aiayn translate: type one sentence per line; Ctrl-D ends", err=True)
+    for index, raw in enumerate(iter(sys.stdin.buffer.readline, b"")):
+        try:
+            lines = read_input(raw, errors=errors, source=f"<stdin line {index + 1}>") or [""]
+            prepared = translator.prepare(lines, options, long=long)
+            hyps = next(translator.translate_prepared_nbest(prepared, options, n_best=nbest))[0]
+        except (InputError, ValueError) as e:
+            typer.echo(f"aiayn translate: line {index + 1}: error: {' '.join(str(e).split())}", err=True)
+            hyps = [ScoredLine("", 0.0)]
+        out.write(write(index, hyps))
 
 
 @app.command()
@@ -345,29 +399,42 @@ def serve(
     max_sentences: Annotated[int, typer.Option(help="Sentences per request (more: 422).")] = 64,
     max_body_bytes: Annotated[int, typer.Option(help="Request body limit in bytes (more: 413).")] = 256 * 1024,
     max_request_tokens: Annotated[int, typer.Option(help="Source tokens per request after tokenization (more: 422).")] = 2048,
+    body_timeout_s: Annotated[float, typer.Option(help="The whole request body must arrive within this (seconds; else 408).")] = 10.0,
+    drain_s: Annotated[float, typer.Option(help="On SIGTERM, requests in flight get this long to finish (seconds).")] = 30.0,
     poll_s: Annotated[float, typer.Option(help="Registry alias polling interval in seconds (0: never).")] = 30.0,
     log_path: Annotated[Path, typer.Option(help="SQLite request log (WAL), read by the drift monitor.")] = Path("serving/requests.db"),
+    log_url: Annotated[Optional[str], typer.Option(help="PostgreSQL request log shared by replicas, postgresql://USER:PASSWORD@HOST:PORT/DB (default env AIAYN_REQUEST_LOG_URL; else --log-path).")] = None,
     retention_days: Annotated[float, typer.Option(help="Delete logged requests older than this (days).")] = 30.0,
+    prune_every_s: Annotated[Optional[float], typer.Option(help="How often retention runs (seconds; default a tenth of --retention-days, 1 s to 1 h).")] = None,
 ) -> None:
     """Serve translations over HTTP (POST /translate) with micro-batching and a durable request log."""
     setup_logging()
-    from aiayn.serve import ServeConfig
-    from aiayn.serve import serve as run_service
+    from aiayn.serve_api import listen
+    from aiayn.settings import Settings
 
     if bundle is None and not model_uri.startswith("models:/"):
         typer.echo(f"aiayn serve: error: --model-uri must look like models:/NAME@ALIAS, got {model_uri!r}", err=True)
         raise typer.Exit(2)
+    try:
+        sock = listen(host, port)  # before the model loads: a taken port is one line, at once
+    except OSError as e:
+        typer.echo(f"aiayn serve: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    from aiayn.serve import ServeConfig
+    from aiayn.serve import serve as run_service
+
     cfg = ServeConfig(bundle=bundle, model_uri=model_uri, tracking_uri=tracking_uri, host=host, port=port,
                       max_batch_sentences=max_batch_sentences, max_wait_ms=max_wait_ms, workers=workers,
                       threads=threads, max_sentences=max_sentences, max_body_bytes=max_body_bytes,
-                      max_request_tokens=max_request_tokens, poll_s=poll_s,
-                      log_path=log_path, retention_days=retention_days)
+                      max_request_tokens=max_request_tokens, body_timeout_s=body_timeout_s, drain_s=drain_s,
+                      poll_s=poll_s, log_path=log_path, log_url=log_url or Settings.from_env().request_log_url,
+                      retention_days=retention_days, prune_every_s=prune_every_s)
     try:
-        run_service(cfg)
+        run_service(cfg, sock)
     except Exception as e:  # noqa: BLE001 - start-up failures (registry unreachable, bad bundle): one line
         typer.echo(f"aiayn serve: error: {type(e).__name__}: {e}", err=True)
         raise typer.Exit(2) from None
 
 
 if __name__ == "__main__":
-    app()
+    main()

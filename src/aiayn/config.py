@@ -14,6 +14,7 @@ is the CPU default and says where and why it deviates.
     evaluate:  EvalConfig
     quantize:  QuantizeConfig
     monitor:   MonitorConfig   (drift monitor; read by no training stage)
+    export:    ExportConfig    (extra formats the export stage writes)
 
 Errors: ``ConfigError`` (a ``ValueError``) quoting the bad key or value.
 """
@@ -36,11 +37,16 @@ __all__ = [
     "TokenizerConfig",
     "ModelConfig",
     "TrainConfig",
+    "ValidBleuConfig",
+    "EarlyStopConfig",
+    "SelectConfig",
     "EvalConfig",
     "QuantizeConfig",
     "QUANT_VARIANTS",
     "MonitorConfig",
     "EMBEDDING_DRIFT_METHODS",
+    "ExportConfig",
+    "EXPORT_FORMATS",
     "Params",
     "MODEL_PRESETS",
     "model_preset",
@@ -236,7 +242,8 @@ class ModelConfig(_Strict):
     n_layers: int = Field(6, ge=1, description="Layers in the encoder and in the decoder each.")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="P_drop of paper Section 5.4 (residual + embeddings).")
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    max_positions: int = Field(1024, ge=8, description="Longest source or target sequence (tokens) the model accepts.")
+    max_positions: int = Field(1024, ge=8, description="Rows of the position table (tokens): the longest source and the "
+                               "longest target of an encoder-decoder; decoder_only splits it (max_side_tokens).")
     norm: Literal["post", "pre"] = Field("post", description="post = paper (LayerNorm after residual add); pre = pre-norm variant.")
     activation: Literal["relu", "gelu", "swiglu"] = "relu"
     share_embeddings: bool = Field(True, description="Tie source, target and output embeddings (paper Section 3.4).")
@@ -301,6 +308,50 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
         raise ConfigError(f"model preset {name!r} with overrides {overrides}: {e}") from e
 
 
+class ValidBleuConfig(_Strict):
+    """Validation BLEU during training: at every validation, decode (a fixed sample of) the validation split
+    and score it with sacreBLEU next to the validation loss (``aiayn.train.validation``).
+
+    Decoding runs in eval mode without touching any RNG (dropout is reseeded per batch), so the trained
+    weights are bitwise the same with it on or off; it costs decode time only (docs/benchmarks.md).
+    """
+
+    enabled: bool = Field(True, description="Decode and score the validation split at every validation.")
+    sentences: int | None = Field(None, ge=1, description="Size of a fixed, seeded sample of the validation split "
+                                  "(None: the whole split; greedy on Multi30k's 1014 sentences costs ~3.7 training "
+                                  "steps of the main job, docs/benchmarks.md).")
+    seed: int = Field(0, description="Seed of the sample (numpy PCG64; the sample never changes within a run).")
+    beam_size: int = Field(1, ge=1, description="1: greedy (the cheap default); > 1: beam search with evaluate's "
+                           "len_penalty and length_norm.")
+
+
+class EarlyStopConfig(_Strict):
+    """Early stopping on a validation metric (fairseq's ``--patience``): stop after ``patience`` validations in a
+    row whose ``metric`` did not beat the best by more than ``min_delta``. Off while ``metric`` is None."""
+
+    metric: Literal["valid_bleu", "valid_chrf", "valid_loss"] | None = Field(
+        None, description="None: off. valid_bleu/valid_chrf need valid_bleu.enabled.")
+    patience: int = Field(10, ge=1, description="Validations without improvement before stopping.")
+    min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement (metric units).")
+
+
+class SelectConfig(_Strict):
+    """Which weights become the model (``aiayn.train.select``), and the validation that checks the choice.
+
+    ``method``: ``last`` (the final step), ``average_last`` (the last ``train.average_last`` scheduled
+    checkpoints, never one inside the warmup: paper Section 6.1), ``best`` (the checkpoint with the best
+    validation ``metric``), ``average_best`` (the ``train.average_last`` best ones). Every checkpoint
+    left on disk is then scored on the validation split with ``metric``; when one of them beats the
+    chosen weights, ``guard`` decides: ``keep_better`` takes it (and says so), ``warn`` only says so.
+    """
+
+    method: Literal["last", "average_last", "best", "average_best"] = "average_last"
+    metric: Literal["valid_loss", "valid_bleu"] = Field(
+        "valid_loss", description="How checkpoints and the choice are compared (valid_bleu: the valid_bleu sample).")
+    guard: Literal["keep_better", "warn"] = Field(
+        "keep_better", description="When a single checkpoint beats the chosen average on validation: keep it, or warn.")
+
+
 class TrainConfig(_Strict):
     """Optimisation, budget, seeds and checkpointing (``train`` stage).
 
@@ -344,11 +395,21 @@ class TrainConfig(_Strict):
     max_skipped_updates: int = Field(
         10, ge=0, description="Updates with a non-finite gradient are skipped, counted and logged (a loss-spike guard); "
                               "more than this many in a row raise FloatingPointError.")
+    epoch_checkpoints: bool = Field(
+        False, description="Also validate and checkpoint at the end of every epoch (fairseq's per-epoch checkpoints); "
+                           "average_last then counts those checkpoints, whatever their steps.")
+    valid_bleu: ValidBleuConfig = ValidBleuConfig()
+    early_stop: EarlyStopConfig = EarlyStopConfig()
+    select: SelectConfig = SelectConfig()
 
     @model_validator(mode="after")
     def _check_world(self) -> "TrainConfig":
         if self.nproc_per_node > 1 and self.distributed == "none":
             raise ValueError(f"train.nproc_per_node={self.nproc_per_node} needs train.distributed: ddp or fsdp")
+        needs_bleu = self.early_stop.metric in ("valid_bleu", "valid_chrf") or self.select.metric == "valid_bleu"
+        if needs_bleu and not self.valid_bleu.enabled:
+            raise ValueError("train.early_stop.metric / train.select.metric on validation BLEU need "
+                             "train.valid_bleu.enabled: true")
         if self.grad_accum % self.nproc_per_node:
             raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
                              f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")
@@ -359,7 +420,10 @@ class EvalConfig(_Strict):
     """Decoding and scoring (``evaluate`` stage). Defaults: paper Section 6.1."""
 
     beam_size: int = Field(4, ge=1)
-    len_penalty: float = Field(0.6, ge=0.0, description="alpha of the GNMT length penalty ((5+|Y|)/6)**alpha.")
+    len_penalty: float = Field(0.6, ge=0.0, description="alpha of the length penalty (length_norm says which).")
+    length_norm: Literal["gnmt", "fairseq"] = Field(
+        "gnmt", description="Beam score = log P / lp: gnmt lp = ((5+|Y|)/6)**alpha (Wu et al. 2016, the paper's); "
+                            "fairseq lp = |Y|**alpha (fairseq's --lenpen; 1.0 = mean log-probability per token).")
     max_len_a: float = Field(1.0, ge=0.0, description="Max output length = max_len_a * src_len + max_len_b (tokens).")
     max_len_b: int = Field(50, ge=1)
     max_tokens: int = Field(4000, ge=16, description="Source tokens per decoding batch.")
@@ -370,6 +434,8 @@ class EvalConfig(_Strict):
     bleu_tokenize: str = Field("auto", description="sacreBLEU tokenizer of BLEU: auto (by target language: 13a; zh; "
                                "ja-mecab, ko-mecab where installed; flores200 for scripts without spaces) or a "
                                "sacreBLEU name. Recorded in the signature. aiayn.scoring.bleu_tokenizer")
+    moses_bleu: bool = Field(False, description="Also score fairseq/Wu et al. 2021's way (aiayn.moses_bleu): BLEU of "
+                             "lowercased, Moses-normalised and -tokenized text, tokenize=none (bleu_moses_lc_tok).")
 
 
 QUANT_VARIANTS = (
@@ -467,6 +533,31 @@ class MonitorConfig(_Strict):
         return self
 
 
+#: What the export stage can write: ``bundle`` (the serving bundle, ``aiayn.export``; always) and
+#: ``hf-marian`` (the Hugging Face Marian folder, ``aiayn.hf_marian``, in ``artifacts/export/hf-marian``).
+EXPORT_FORMATS = ("bundle", "hf-marian")
+
+
+class ExportConfig(_Strict):
+    """Formats of the ``export`` stage. The default writes the serving bundle only."""
+
+    formats: tuple[Literal["bundle", "hf-marian"], ...] = Field(
+        ("bundle",), description="bundle (always: the registry and the service load it); hf-marian adds the Hugging "
+                                 "Face Marian folder (transformers, ct2-transformers-converter, mlflow.transformers).")
+    mlflow_transformers: bool = Field(
+        False, description="Also log the hf-marian folder with MLflow's transformers flavor and register it as "
+                           "<registered model>-hf (same alias as the bundle's version); needs hf-marian in formats.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExportConfig":
+        if "bundle" not in self.formats:
+            raise ValueError(f"export.formats={list(self.formats)} must include 'bundle' (the serving bundle is "
+                             "what the registry and the service load)")
+        if self.mlflow_transformers and "hf-marian" not in self.formats:
+            raise ValueError("export.mlflow_transformers: true needs 'hf-marian' in export.formats")
+        return self
+
+
 class Params(_Strict):
     """The whole of ``params.yaml``, resolved."""
 
@@ -478,6 +569,7 @@ class Params(_Strict):
     evaluate: EvalConfig = EvalConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     monitor: MonitorConfig = MonitorConfig()
+    export: ExportConfig = ExportConfig()
 
     def to_flat_dict(self) -> dict[str, Any]:
         """``{"train.seed": 1, ...}``: the resolved config, flattened for tracking."""
@@ -494,7 +586,7 @@ class Params(_Strict):
 def params_from_dict(raw: dict[str, Any]) -> Params:
     """Build ``Params`` from the ``params.yaml`` mapping (``model.preset`` + overrides)."""
     raw = dict(raw or {})
-    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor"}
+    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor", "export"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown params.yaml section(s) {sorted(unknown)}; expected {sorted(known)}")

@@ -36,6 +36,7 @@ from pathlib import Path
 from aiayn.config import DataConfig
 from aiayn.io import atomic_write_text, sha256_file
 from aiayn.retry import is_transient
+from aiayn.settings import MIRROR_ENV, Settings
 
 __all__ = [
     "CorpusError",
@@ -55,9 +56,6 @@ __all__ = [
 
 #: Upstream folder; ``{MULTI30K_UPSTREAM}/{name}`` is one file.
 MULTI30K_UPSTREAM = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"
-
-#: Environment variable naming a local folder that holds the files (offline machines).
-MIRROR_ENV = "AIAYN_DATA_MIRROR"
 
 #: SHA-256 of every file of Multi30k task 1 raw (copied from the mirror's SHA256SUMS).
 MULTI30K_SHA256: dict[str, str] = {
@@ -124,8 +122,8 @@ def fetch_corpus(out_dir: Path, *, mirror: Path | None = None, files: list[str] 
     unknown = [n for n in names if n not in MULTI30K_SHA256]
     if unknown:
         raise CorpusError(f"unknown Multi30k file(s) {unknown}; known: {sorted(MULTI30K_SHA256)}")
-    if mirror is None and os.environ.get(MIRROR_ENV):
-        mirror = Path(os.environ[MIRROR_ENV])
+    if mirror is None:
+        mirror = Settings.from_env().data_mirror
 
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = [n for n in names if not _verified(out_dir / n, n)]

@@ -9,7 +9,8 @@ Both decoders need only this from a model (``aiayn.model.Transformer`` has it; a
 - ``new_kv_cache(batch_size, max_len) -> cache`` whose ``reorder(index (B',), *, cross=True)``
   keeps/reorders/repeats rows: the one method beams and batch shrinking use (``cross=False``
   when only beams of the same sentences move, so shared cross-attention state stays put).
-- optional ``max_positions`` (int): output lengths are capped at ``max_positions - 1``.
+- optional ``max_side_tokens`` (int, the longest target with BOS): output lengths are capped at
+  ``max_side_tokens - 1``.
 
 Conventions (shared by both decoders, fairseq's defaults):
 
@@ -26,6 +27,9 @@ Beam score (Wu et al. 2016, GNMT, eq. 14, used by the paper in Sec. 6.1 with alp
 
     score(Y) = log P(Y | X) / lp(Y),   lp(Y) = ((5 + |Y|) / 6) ** len_penalty
 
+or, with ``length_norm="fairseq"`` (fairseq's ``SequenceGenerator`` ``--lenpen``; 1.0 = the mean
+log-probability per token), ``lp(Y) = |Y| ** len_penalty``.
+
 where ``log P`` sums the log-probabilities of every generated token including EOS and ``|Y|``
 counts the generated tokens including EOS (BOS excluded). No coverage penalty (beta = 0).
 
@@ -39,7 +43,7 @@ hypotheses or reaches its ``max_len``; the best finished hypothesis by score is 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +56,7 @@ __all__ = [
     "length_penalty",
     "max_output_lengths",
     "greedy_decode",
+    "greedy_decode_hypotheses",
     "beam_search",
     "beam_search_hypotheses",
 ]
@@ -67,26 +72,33 @@ class Hypothesis:
     logprob: float
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ``((5 + length) / 6) ** alpha`` (Wu et al. 2016, eq. 14); ``length`` in tokens incl. EOS."""
-    return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length: int, alpha: float, norm: str = "gnmt") -> float:
+    """Length penalty of a hypothesis of ``length`` tokens incl. EOS: ``norm="gnmt"``: ``((5 + length) / 6) ** alpha``
+    (Wu et al. 2016, eq. 14); ``norm="fairseq"``: ``length ** alpha`` (fairseq's ``--lenpen``). Raises ``ValueError``
+    for another ``norm``."""
+    if norm == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if norm == "fairseq":
+        return float(length) ** alpha
+    raise ValueError(f"unknown length_norm {norm!r}: use gnmt or fairseq")
 
 
 def max_output_lengths(
-    src: torch.Tensor, *, max_len_a: float, max_len_b: int, max_positions: int | None = None
+    src: torch.Tensor, *, max_len_a: float, max_len_b: int, max_side_tokens: int | None = None
 ) -> torch.Tensor:
     """Per-sentence cap on generated tokens before EOS, ``(B,)`` long: ``int(a * src_len + b)``, >= 1.
 
-    ``src_len`` counts non-PAD tokens of ``src`` ``(B, S)``; with ``max_positions`` the cap is at most
-    ``max_positions - 1`` (BOS + ``max_len`` tokens are fed to the decoder). Raises ``ValueError`` for
+    ``src_len`` counts non-PAD tokens of ``src`` ``(B, S)``; with ``max_side_tokens`` (the model's
+    longest target, ``ModelConfig.max_side_tokens``) the cap is at most ``max_side_tokens - 1`` (BOS +
+    ``max_len`` tokens are fed to the decoder). Raises ``ValueError`` for
     negative ``max_len_a`` / ``max_len_b``.
     """
     if max_len_a < 0 or max_len_b < 0:
         raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a}, {max_len_b}")
     src_lens = src.ne(PAD_ID).sum(dim=1)  # (B,)
     max_lens = (max_len_a * src_lens.double() + max_len_b).floor().long().clamp(min=1)  # (B,)
-    if max_positions is not None:
-        max_lens = max_lens.clamp(max=max_positions - 1)
+    if max_side_tokens is not None:
+        max_lens = max_lens.clamp(max=max_side_tokens - 1)
     return max_lens
 
 
@@ -135,17 +147,39 @@ def greedy_decode(
     ``use_cache=False`` recomputes the whole prefix every step (the reference path). Raises
     ``ValueError`` for a malformed ``src``.
     """
+    hyps = greedy_decode_hypotheses(model, src, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache)
+    return [h.tokens for h in hyps]
+
+
+def greedy_decode_hypotheses(
+    model: Any,
+    src: torch.Tensor,
+    *,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    use_cache: bool = True,
+    len_penalty: float = 0.6,
+    length_norm: str = "gnmt",
+) -> list[Hypothesis]:
+    """Greedy translation of ``src`` ``(B, S)`` with its score: ``B`` ``Hypothesis`` (the tokens
+    ``greedy_decode`` returns; ``logprob`` sums every chosen token's log-probability, EOS included;
+    ``score = logprob / length_penalty(len + 1, len_penalty, length_norm)``, the beam search's convention).
+
+    Raises ``ValueError`` for a malformed ``src`` or an unknown ``length_norm``.
+    """
     _check_src(src)
+    length_penalty(1, len_penalty, length_norm)  # raises for an unknown norm before any work
     with _inference(model):
         memory, src_pad_mask = model.encode(src)
         max_lens = max_output_lengths(
-            src, max_len_a=max_len_a, max_len_b=max_len_b, max_positions=getattr(model, "max_positions", None)
+            src, max_len_a=max_len_a, max_len_b=max_len_b, max_side_tokens=getattr(model, "max_side_tokens", None)
         )  # (B,)
         B = src.shape[0]
         rows = torch.arange(B, device=src.device)  # (N,) original sentence of each active row
         tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)  # (N, t + 1)
+        logprob = torch.zeros(B, dtype=torch.float64, device=src.device)  # (N,) sum of chosen log-probabilities
         cache = model.new_kv_cache(B, int(max_lens.max()) + 1) if use_cache else None
-        out: list[list[int]] = [[] for _ in range(B)]
+        out: list[Hypothesis] = [Hypothesis([], 0.0, 0.0)] * B
         for step in range(int(max_lens.max()) + 1):
             if cache is not None:
                 mem, mask = (memory, src_pad_mask) if step == 0 else (None, None)
@@ -154,14 +188,15 @@ def greedy_decode(
                 logits = model.decode(tokens, memory, src_pad_mask)  # (N, t + 1, V)
             lprobs = _next_logprobs(logits, step, max_lens[rows] == step)  # (N, V)
             next_tok = lprobs.argmax(dim=-1)  # (N,)
+            logprob = logprob + lprobs.gather(1, next_tok[:, None])[:, 0].double()  # (N,)
             done = next_tok.eq(EOS_ID)  # (N,)
             if bool(done.any()):
-                for r, toks in zip(rows[done].tolist(), tokens[done, 1:].tolist()):
-                    out[r] = toks
+                for r, toks, lp in zip(rows[done].tolist(), tokens[done, 1:].tolist(), logprob[done].tolist()):
+                    out[r] = Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty, length_norm), lp)
                 keep = (~done).nonzero().squeeze(1)  # (N',)
                 if keep.numel() == 0:
                     break
-                rows, tokens, next_tok = rows[keep], tokens[keep], next_tok[keep]
+                rows, tokens, next_tok, logprob = rows[keep], tokens[keep], next_tok[keep], logprob[keep]
                 if cache is not None:
                     cache.reorder(keep)
                 else:
@@ -179,22 +214,24 @@ def beam_search_hypotheses(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     use_cache: bool = True,
+    length_norm: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """Beam search over ``src`` ``(B, S)``; per sentence, every finished ``Hypothesis``, best score first.
 
     All sentences x beams live in one batch. The first step runs once per sentence (every beam
     would be identical), so cross-attention keys/values are computed once per source; the cache
     is then expanded to ``beam_size`` rows per sentence by ``reorder``. Raises ``ValueError``
-    for ``beam_size < 1``, ``2 * beam_size`` > vocabulary, or a malformed ``src``.
+    for ``beam_size < 1``, ``2 * beam_size`` > vocabulary, a malformed ``src`` or an unknown ``length_norm``.
     """
     _check_src(src)
+    length_penalty(1, len_penalty, length_norm)  # raises for an unknown norm before any work
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     K = beam_size
     with _inference(model):
         memory, src_pad_mask = model.encode(src)
         max_lens = max_output_lengths(
-            src, max_len_a=max_len_a, max_len_b=max_len_b, max_positions=getattr(model, "max_positions", None)
+            src, max_len_a=max_len_a, max_len_b=max_len_b, max_side_tokens=getattr(model, "max_side_tokens", None)
         )  # (B,)
         B, device = src.shape[0], src.device
         sent = torch.arange(B, device=device)  # (N,) original sentence of each active sentence
@@ -220,15 +257,8 @@ def beam_search_hypotheses(
             top_beam, top_tok = top_idx // V, top_idx % V  # (N, C) beam within sentence, token
             is_eos = top_tok.eq(EOS_ID)  # (N, C)
 
-            # Finished hypotheses: EOS extensions ranked within the first K with a finite score.
-            fin = (is_eos[:, :K] & top_scores[:, :K].isfinite()).nonzero()  # (F, 2): (sentence, rank)
-            if fin.numel():
-                n, r = fin[:, 0], fin[:, 1]
-                fin_rows = n * k + top_beam[n, r]  # (F,) rows of tokens
-                fin_lp = top_scores[n, r].tolist()
-                for s, toks, lp in zip(sent[n].tolist(), tokens[fin_rows, 1:].tolist(), fin_lp):
-                    if len(finished[s]) < K:
-                        finished[s].append(Hypothesis(toks, lp / length_penalty(len(toks) + 1, len_penalty), lp))
+            _add_finished(finished, sent, tokens, top_scores, top_beam, is_eos, k, K,
+                          lambda n_tokens: length_penalty(n_tokens, len_penalty, length_norm))
 
             # Continuing beams: the first K non-EOS extensions (stable sort keeps score order).
             order = torch.sort(is_eos.to(torch.int32), dim=1, stable=True).indices[:, :K]  # (N, K)
@@ -253,6 +283,23 @@ def beam_search_hypotheses(
         return [sorted(h, key=lambda h: h.score, reverse=True) for h in finished]
 
 
+
+def _add_finished(finished: list[list[Hypothesis]], sent: torch.Tensor, tokens: torch.Tensor,
+                  top_scores: torch.Tensor, top_beam: torch.Tensor, is_eos: torch.Tensor, k: int, K: int,
+                  penalty: Callable[[int], float]) -> None:
+    """Append one beam step's finished hypotheses to ``finished`` (per original sentence, at most ``K``):
+    the EOS extensions ranked within the first ``K`` candidates with a finite score. ``sent`` ``(N,)``,
+    ``tokens`` ``(N * k, t + 1)``, ``top_scores``/``top_beam``/``is_eos`` ``(N, C)``; ``penalty(n)`` is
+    the length penalty of ``n`` tokens including EOS."""
+    fin = (is_eos[:, :K] & top_scores[:, :K].isfinite()).nonzero()  # (F, 2): (sentence, rank)
+    if not fin.numel():
+        return
+    n, r = fin[:, 0], fin[:, 1]
+    fin_rows = n * k + top_beam[n, r]  # (F,) rows of tokens
+    for s, toks, lp in zip(sent[n].tolist(), tokens[fin_rows, 1:].tolist(), top_scores[n, r].tolist()):
+        if len(finished[s]) < K:
+            finished[s].append(Hypothesis(toks, lp / penalty(len(toks) + 1), lp))
+
 def beam_search(
     model: Any,
     src: torch.Tensor,
@@ -262,6 +309,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     use_cache: bool = True,
+    length_norm: str = "gnmt",
 ) -> list[list[int]]:
     """Best beam hypothesis per sentence of ``src`` ``(B, S)``: ``B`` token lists without BOS/EOS.
 
@@ -269,6 +317,6 @@ def beam_search(
     """
     hyps = beam_search_hypotheses(
         model, src, beam_size=beam_size, len_penalty=len_penalty,
-        max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
+        max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache, length_norm=length_norm,
     )  # fmt: skip
     return [h[0].tokens if h else [] for h in hyps]

@@ -3,7 +3,7 @@
 What the training loop (``aiayn.train``) needs from the process group, in one place:
 
 - ``World``: this process's ``rank`` / ``world_size`` / ``local_rank``, read from the
-  variables ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``);
+  variables ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), and the device it trains on;
 - ``init_process_group``: NCCL on CUDA, gloo on CPU;
 - ``agree``: one all-reduce per step so every rank stops at the same update (a
   signal or the clock seen by one rank stops all of them; otherwise the others would
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["World", "world_from_env", "init_process_group", "agree", "all_reduce_sum", "barrier", "torchrun_command",
+__all__ = ["World", "world_from_env", "rank_device", "init_process_group", "agree", "all_reduce_sum", "barrier", "torchrun_command",
            "shard_fsdp", "full_state", "load_full_optimizer_state"]
 
 
@@ -65,6 +65,13 @@ def world_from_env(env: dict[str, str] | None = None) -> World:
     if not (0 <= world.rank < world.world_size) or world.local_rank < 0:
         raise ValueError(f"inconsistent torchrun environment: {world}")
     return world
+
+
+def rank_device(device: str, world: World) -> torch.device:
+    """The device this rank trains on: ``cuda:<local_rank>`` for ``device`` ``"cuda"``, or ``"auto"`` when CUDA
+    is available; the CPU otherwise (``train.device``: ``auto``, ``cpu`` or ``cuda``)."""
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return torch.device("cuda", world.local_rank) if use_cuda else torch.device("cpu")
 
 
 def init_process_group(world: World, device: torch.device) -> str:

@@ -1,20 +1,17 @@
-"""The serving bundle: what leaves the pipeline for a serving team.
+"""The serving bundle: what leaves the pipeline for a serving team, and its registry hand-off.
 
-A bundle is one self-contained folder (``artifacts/export`` from the ``export`` stage)::
-
-    bundle.json       what to load: {"format": 1, "variant", "runtime", "compute_type", "decode"}
-    model.json        the trained model's config and provenance (seeds, steps averaged, tokenizer hash)
-    spm.model         the sentencepiece model (the only tokenizer the model knows)
-    ct2/              runtime "ctranslate2": a CTranslate2 model directory (config.json, model.bin, ...)
-    model.safetensors runtime "eager": the float weights, decoded by our own ``aiayn.decode``
-    model_card.json   data hashes, seeds, params, variant, BLEU/chrF per test set with
-    model_card.md     their sacreBLEU signatures, known limits (the same facts, for people)
+A bundle is one self-contained folder (``artifacts/export`` from the ``export`` stage; its layout and
+loader: ``aiayn.bundle.ServingBundle``): ``bundle.json`` (variant, runtime, compute type, decoding
+options), the trained model's ``model.json`` and ``spm.model``, the model (``ct2/`` for CTranslate2,
+``model.safetensors`` for the eager runtime) and the model card (``model_card.json`` data hashes,
+seeds, params, variant, BLEU/chrF per test set with their sacreBLEU signatures, known limits;
+``model_card.md`` the same facts, for people).
 
 The variant is the first quantize-gate-passing one of ``quantize.serving_preference`` (``ct2-int8``
-by default, CPU); when none passed, the eager float model (``eager-float32``): a rejected variant
-never ships. ``load_bundle`` gives an ``aiayn.translate.Translator`` whatever the runtime, so the
-service, the MLflow pyfunc model and ``aiayn translate`` share one input path (blank, long and
-unknown input follow the same rules).
+by default, CPU); when none passed, the eager float model (``aiayn.bundle.EAGER``): a rejected variant
+never ships. ``BundlePredictor`` puts ``aiayn.translate.Translator`` in front of the bundle's decoder
+whatever the runtime, so the service, the MLflow pyfunc model and ``aiayn translate`` share one input
+path (blank, long and unknown input follow the same rules).
 """
 
 from __future__ import annotations
@@ -25,47 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from aiayn.config import ModelConfig
+from aiayn.bundle import BUNDLE_FORMAT, CT2_FILES, EAGER, BundleError, ServingBundle
+from aiayn.decoders import DecodeOptions
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import DecodeOptions, Translator, _read_model_config
+from aiayn.translate import Translator
 
-__all__ = ["BundleError", "EAGER", "BUNDLE_FORMAT", "build_bundle", "load_bundle", "BundlePredictor", "register_bundle", "read_bundle_info", "CT2BundleTranslator", "render_card", "sentences_from_input"]
-
-EAGER = "eager-float32"
-BUNDLE_FORMAT = 1
-_CT2_FILES = ("config.json", "model.bin", "shared_vocabulary.json")
-
-class BundleError(ValueError):
-    """A serving bundle is missing a file, malformed, or names an unknown runtime (one-line message)."""
-
-
-class CT2BundleTranslator(Translator):
-    """``Translator`` whose decoding runs in CTranslate2 (``aiayn.quantize.ct2_translate``) under our
-    decoding rules; input preparation (cleaning, unknown characters, long lines) is inherited."""
-
-    def __init__(self, ct2, tokenizer: Tokenizer, cfg: ModelConfig) -> None:
-        self.model = None  # no PyTorch model: decoding is CTranslate2's
-        self.tokenizer = tokenizer
-        self.ct2 = ct2
-        self.cfg = cfg
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device(self.ct2.translator.device)
-
-    @property
-    def max_positions(self) -> int:
-        return self.cfg.max_positions
-
-    def translate_ids(self, sources: list[np.ndarray], options: DecodeOptions = DecodeOptions(), *,
-                      progress=None) -> list[list[int]]:
-        out = self.ct2.translate_ids(sources, options)
-        if progress:
-            progress(len(sources))
-        return out
+__all__ = ["build_bundle", "BundlePredictor", "register_bundle", "render_card", "sentences_from_input"]
 
 
 def sentences_from_input(model_input: Any) -> list[str]:
@@ -103,59 +66,19 @@ def sentences_from_input(model_input: Any) -> list[str]:
     return items
 
 
-def read_bundle_info(path: str | Path) -> dict[str, Any]:
-    """``bundle.json`` of the bundle in ``path``. Raises ``BundleError`` (missing, not JSON, wrong format)."""
-    f = Path(path) / "bundle.json"
-    try:
-        info = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BundleError(f"{f} not found: not a serving bundle (build one with the export stage)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"{f}: not valid JSON ({e})") from None
-    if not isinstance(info, dict) or info.get("format") != BUNDLE_FORMAT or info.get("runtime") not in ("ctranslate2", "eager"):
-        raise BundleError(f"{f}: expected format {BUNDLE_FORMAT} with runtime 'ctranslate2' or 'eager', got {info!r:.200}")
-    return info
-
-
-def load_bundle(path: str | Path, *, device: str = "cpu", threads: int = 1) -> tuple[Translator, dict[str, Any]]:
-    """``(translator, bundle info)`` for the bundle in ``path``.
-
-    ``threads``: CTranslate2 workers (``inter_threads``, one thread each: batches decode in parallel)
-    or PyTorch intra-op threads for the eager runtime. Raises ``BundleError`` for a malformed bundle,
-    ``aiayn.checkpoint.CheckpointError`` / ``aiayn.tokenizer.TokenizerError`` for unreadable weights or
-    tokenizer.
-    """
-    path = Path(path)
-    info = read_bundle_info(path)
-    for name in ("model.json", "spm.model"):
-        if not (path / name).is_file():
-            raise BundleError(f"{path / name} not found: the bundle is incomplete")
-    if info["runtime"] == "eager":
-        torch.set_num_threads(max(1, threads))
-        return Translator.from_dir(path, device=device), info
-    from aiayn.quantize.ct2_translate import CT2Translator  # ctranslate2 only when a bundle needs it
-
-    missing = [n for n in _CT2_FILES if not (path / "ct2" / n).is_file()]
-    if missing:
-        raise BundleError(f"{path / 'ct2'}: missing {', '.join(missing)} (the bundle is incomplete)")
-    cfg = _read_model_config(path / "model.json")
-    tokenizer = Tokenizer.load(path / "spm.model")
-    ct2 = CT2Translator(path / "ct2", tokenizer, max_positions=cfg.max_positions, device=device,
-                        compute_type=info.get("compute_type") or "default", inter_threads=max(1, threads))
-    return CT2BundleTranslator(ct2, tokenizer, cfg), info
-
-
 class BundlePredictor:
     """A loaded bundle as the MLflow pyfunc model runs it (``aiayn.tracking.translation_pyfunc_class``):
     ``parse`` = ``sentences_from_input`` (``TypeError``/``ValueError`` for bad input), ``translate``
     with the bundle's own decoding options and the ``split`` long-line policy. The service builds
-    its ``ServedModel`` from one too."""
+    its ``ServedModel`` from one too. Loading raises what ``aiayn.bundle.ServingBundle.load`` raises."""
 
     parse = staticmethod(sentences_from_input)
 
     def __init__(self, bundle: str | Path, *, threads: int = 1, device: str = "cpu") -> None:
-        self.translator, self.info = load_bundle(bundle, device=device, threads=threads)
-        self.options = DecodeOptions(**self.info["decode"])
+        loaded = ServingBundle.load(bundle, device=device, threads=threads)
+        self.info: dict[str, Any] = loaded.info
+        self.options: DecodeOptions = loaded.options
+        self.translator = Translator(loaded.tokenizer, loaded.decoder)
 
     def translate(self, sentences: list[str]) -> list[str]:
         return self.translator.translate(sentences, self.options, long="split")
@@ -182,11 +105,19 @@ def register_bundle(tracker, bundle: str | Path, *, name: str, variant: str, gat
 
 
 def render_card(card: dict[str, Any]) -> str:
-    """The model card as markdown (same facts as ``model_card.json``)."""
-    lines = [f"# {card['name']} — {card['variant']}", "",
-             f"{card['description']}", "",
-             "## Quality (sacreBLEU, detokenized, cased)", "",
-             "| test set | BLEU | chrF | BLEU signature |", "|---|---:|---:|---|"]
+    """The model card as markdown (same facts as ``model_card.json``). Its first line says so when training was cut
+    by the clock or a signal (``card["training"]["budget"]``)."""
+    training = card.get("training") or {}
+    budget = training.get("budget")
+    lines = [f"> **WARNING: training {budget}**", ""] if budget and budget.startswith("CUT") else []
+    lines += [f"# {card['name']} — {card['variant']}", "",
+              f"{card['description']}", ""]
+    if budget:
+        lines += [f"Training: {budget} (stopped by {training.get('stopped_by')} at step {training.get('step')})."]
+        lines += [f"- model choice: {note}" for note in training.get("selection", [])]
+        lines += [""]
+    lines += ["## Quality (sacreBLEU, detokenized, cased)", "",
+              "| test set | BLEU | chrF | BLEU signature |", "|---|---:|---:|---|"]
     for split, s in card["scores"].items():
         lines.append(f"| {split} | {s['bleu']:.2f} | {s['chrf']:.2f} | `{s.get('bleu_signature', '')}` |")
     lines += ["", "## Provenance", ""]
@@ -226,7 +157,7 @@ def build_bundle(
         if not (model_dir / name).is_file():
             raise BundleError(f"{model_dir / name} not found (run the train stage first)")
     if variant != EAGER:
-        if variant_dir is None or any(not (Path(variant_dir) / n).is_file() for n in _CT2_FILES):
+        if variant_dir is None or any(not (Path(variant_dir) / n).is_file() for n in CT2_FILES):
             raise BundleError(f"{variant_dir}: not a CTranslate2 model folder (run the quantize stage first)")
     info = {"format": BUNDLE_FORMAT, "variant": variant, "runtime": "eager" if variant == EAGER else "ctranslate2",
             "compute_type": None if variant == EAGER else compute_type, "decode": decode.__dict__}
@@ -237,7 +168,7 @@ def build_bundle(
             shutil.copyfile(model_dir / "model.safetensors", out / "model.safetensors")
         else:
             (out / "ct2").mkdir()
-            for name in _CT2_FILES:
+            for name in CT2_FILES:
                 shutil.copyfile(Path(variant_dir) / name, out / "ct2" / name)
         atomic_write_json(out / "bundle.json", info)
         full = card | {"variant": variant, "runtime": info["runtime"], "compute_type": info["compute_type"],

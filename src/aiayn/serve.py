@@ -1,39 +1,45 @@
-"""``aiayn serve``: an HTTP translation service with dynamic micro-batching and a durable input log.
+"""``aiayn serve``: an HTTP translation service with dynamic micro-batching and a durable request log.
 
 Endpoints (JSON unless noted):
 
-- ``POST /translate`` ``{"sentences": [str, ...], "beam_size"?: int}`` ->
-  ``{"translations": [...], "model": {"name", "version", "variant"}, "request_id"}``
-- ``GET /health`` (the process is alive), ``GET /ready`` (a model is loaded: 200, else 503),
-  ``GET /metadata`` (the bundle's model card + the served version), ``GET /metrics`` (Prometheus
-  text: requests, errors, latency and batch-size histograms, tokens in/out).
+- ``POST /translate`` ``{"sentences": [str, ...], "beam_size"?: int, "n_best"?: int}`` ->
+  ``{"translations": [...], "scores": [...], "model": {"name", "version", "variant"}, "request_id"}``
+  plus, with ``n_best``, ``"nbest": [[{"translation", "score"}, ...], ...]`` (per sentence, best
+  first). A score is the length-normalised log-probability (``aiayn.translate.ScoredLine``).
+- ``GET /health`` (the process is alive; never waits on decoding), ``GET /ready`` (a model is
+  loaded and the service is not draining: 200, else 503), ``GET /metadata`` (the bundle's model
+  card + the served version), ``GET /metrics`` (Prometheus text: requests by status, errors by
+  kind, latency and batch-size histograms, tokens in/out, failed prunes).
 
 How a request is served:
 
-1. The body is read with a byte limit (413 over ``max_body_bytes``), must be ``application/json``
-   (415), valid JSON (400) shaped like the request above (400/422 naming the field), and hold at
-   most ``max_request_tokens`` source tokens after tokenization (422): nothing invalid ever reaches
-   the model, and no single request can hold the decoder for long.
-2. ``Translator.prepare`` applies ``aiayn translate``'s input rules (blank line -> empty output,
-   unknown characters dropped, long lines split at sentence/clause/word boundaries under
-   ``long_policy="split"``) on that request alone.
-3. Its decoder units join a **micro-batch** (``MicroBatcher``): the first waiting request opens a
-   batch, which closes at ``max_batch_sentences`` units or after ``max_wait_ms`` (at once when no
-   other request is queued or decoding: a lone client pays no batching delay); batches from
-   different requests decode together (grouped by decoding options) in ``workers`` threads. If a
-   merged batch fails, each request of it is decoded alone, so a failure stays with its request.
-4. Every answered sentence is written to the **request log** (``RequestLog``: SQLite in WAL mode,
-   one transaction per request, busy timeout for concurrent writers) *before* the response is
-   sent; when the log cannot be written the request fails with 503 (nothing answered goes unlogged).
-   Rows older than ``retention_days`` are deleted at start and on every poll.
+1. ``aiayn.serve_api``: the body within ``max_body_bytes`` (413) and ``body_timeout_s`` (408), as
+   ``application/json`` (415), valid JSON shaped like the request above (400/422 naming the field).
+2. The token limit, checked first and cheaply (one tokenizer pass over the cleaned lines: pieces
+   without the unknown ones, plus EOS per line; 422 over ``max_request_tokens``), then
+   ``Translator.prepare`` (``aiayn translate``'s input rules; long lines split), both in a worker
+   thread: the event loop, and with it ``/health``, never waits on a large request.
+3. The units join a **micro-batch** (``aiayn.microbatch.MicroBatcher``), decoded with
+   ``Decoder.translate_hyps`` (the 1-best of ``translate_ids`` plus scores). While it waits and
+   decodes, the connection is watched: a client that hangs up gets its request dropped (from the
+   queue, or its result discarded), answered 499 in the metrics and never logged as served.
+4. Every answered sentence is written to the **request log** (``aiayn.request_log``: SQLite, or
+   PostgreSQL shared by replicas) *before* the response is sent; when it cannot be written the
+   request fails with 503 (nothing answered goes unlogged). Server logs hold counts and request
+   ids, never request text: the text lives only in the request log.
+5. Retention runs on its own timer (``prune_every_s``, default a tenth of ``retention_days``, 1 s to
+   1 h), whatever ``poll_s`` is. A prune that fails is rolled back and logged once (then again only
+   after it has worked in between); requests keep being answered and logged.
 
 Model: ``--bundle PATH`` (a serving bundle, ``aiayn.export``) or a registry URI
 ``models:/NAME@ALIAS`` (default ``models:/aiayn-en-de@champion``). With an alias the service polls
 the registry every ``poll_s`` seconds; when the alias moves it loads the new version beside the old
 one and swaps: requests in flight finish on the model they started with, none is dropped.
 
-Shutdown (SIGTERM/SIGINT, uvicorn's graceful shutdown): stop accepting, finish requests in flight,
-stop the batcher, close the log (WAL checkpoint).
+Shutdown (SIGTERM/SIGINT): stop accepting, cut request bodies still arriving (503, so a slow or
+stalled client cannot hold the drain), finish requests in flight (at most ``drain_s`` seconds:
+uvicorn's graceful timeout), stop the batcher, close the log. ``serve`` takes the listening socket
+from ``aiayn.serve_api.listen`` (bound before the model loads: a taken port is one line, exit 2).
 
 Choice of batching: a small asyncio queue in front of the model rather than LitServe: the service
 needs per-request input rules, the durable log before each response and model swaps, which sit
@@ -47,14 +53,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import shutil
-import sqlite3
+import socket
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -62,9 +66,15 @@ from typing import Any
 import numpy as np
 from fastapi import Request  # runtime name: FastAPI reads the endpoint's annotation
 
-from aiayn.translate import DecodeOptions, InputError, Translator
+from aiayn.config import UNK_ID
+from aiayn.decoders import DecodeOptions
+from aiayn.microbatch import MicroBatcher
+from aiayn.request_log import LogWriteError, RequestLog, open_request_log
+from aiayn.serve_api import RequestError, TranslateRequest, parse_request, read_body, request_model
+from aiayn.textio import clean_line
+from aiayn.translate import InputError, PreparedInput, ScoredLine, Translator
 
-__all__ = ["ServeConfig", "RequestLog", "LogWriteError", "MicroBatcher", "ServedModel", "create_app", "serve"]
+__all__ = ["ServeConfig", "LogWriteError", "MicroBatcher", "ServedModel", "create_app", "serve"]
 
 log = logging.getLogger("aiayn.serve")
 
@@ -90,89 +100,27 @@ class ServeConfig:
     max_beam_size: int = 8
     long_policy: str = "split"
     poll_s: float = 30.0  # registry alias polling interval (0: never)
-    log_path: Path = Path("serving") / "requests.db"
+    log_path: Path = Path("serving") / "requests.db"  # SQLite request log, unless log_url
+    log_url: str | None = None  # postgresql://... : one log for several replicas
     retention_days: float = 30.0
+    prune_every_s: float | None = None  # None: retention_days / 10, within 1 s .. 1 h
     busy_timeout_ms: int = 10_000
+    body_timeout_s: float = 10.0  # the whole request body must arrive within this (else 408)
+    drain_s: float = 30.0  # graceful shutdown: requests in flight get this long to finish
+
+    @property
+    def log_target(self) -> str | Path:
+        """Where the request log is: ``log_url`` when set, else ``log_path``."""
+        return self.log_url or self.log_path
+
+    @property
+    def prune_interval_s(self) -> float:
+        if self.prune_every_s is not None:
+            return self.prune_every_s
+        return min(3600.0, max(1.0, self.retention_days * 86400 / 10))
 
 
-# --------------------------------------------------------------------------- request log
-
-
-class LogWriteError(RuntimeError):
-    """The request log could not be written (the request must fail with 503)."""
-
-
-class RequestLog:
-    """Durable log of every answered request: SQLite in WAL mode, safe with concurrent writers.
-
-    Tables: ``requests(request_id PK, ts, model_name, model_version, variant, n_sentences,
-    beam_size)`` and ``sentences(request_id, idx, ts, source, source_tokens, output_tokens,
-    output_chars)``; ``ts`` is Unix time (seconds). ``write`` commits one transaction per request
-    (``synchronous=FULL``: on disk when it returns) and raises ``LogWriteError`` on any failure.
-    The drift monitor reads ``sentences``.
-    """
-
-    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, check_same_thread=False,
-                                   isolation_level=None)
-        self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise LogWriteError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript("""
-            CREATE TABLE IF NOT EXISTS requests (
-                request_id TEXT PRIMARY KEY, ts REAL NOT NULL, model_name TEXT, model_version TEXT,
-                variant TEXT, n_sentences INTEGER NOT NULL, beam_size INTEGER);
-            CREATE TABLE IF NOT EXISTS sentences (
-                request_id TEXT NOT NULL, idx INTEGER NOT NULL, ts REAL NOT NULL, source TEXT NOT NULL,
-                source_tokens INTEGER, output_tokens INTEGER, output_chars INTEGER,
-                PRIMARY KEY (request_id, idx));
-            CREATE INDEX IF NOT EXISTS sentences_ts ON sentences (ts);
-        """)
-
-    def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
-              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
-        """One transaction: the request row and one row per sentence. Raises ``LogWriteError``."""
-        rows = [(request_id, i, ts, s, st, ot, len(o))
-                for i, (s, st, ot, o) in enumerate(zip(sources, source_tokens, output_tokens, outputs))]
-        try:
-            with self._lock:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    self._db.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                     (request_id, ts, model.get("name"), model.get("version"), model.get("variant"),
-                                      len(sources), beam_size))
-                    self._db.executemany("INSERT INTO sentences VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        self._db.execute("ROLLBACK")
-                    raise
-        except sqlite3.Error as e:
-            raise LogWriteError(f"request log {self.path}: {type(e).__name__}: {e}") from None
-
-    def prune(self, retention_days: float, *, now: float | None = None) -> int:
-        """Delete requests (and their sentences) older than ``retention_days``; returns requests deleted."""
-        cutoff = (time.time() if now is None else now) - retention_days * 86400
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM sentences WHERE ts < ?", (cutoff,))
-            n = self._db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,)).rowcount
-            self._db.execute("COMMIT")
-        return n
-
-    def close(self) -> None:
-        with self._lock:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            self._db.close()
-
-
-# --------------------------------------------------------------------------- model + batching
+# --------------------------------------------------------------------------- model
 
 
 @dataclass
@@ -201,118 +149,20 @@ def load_served_model(bundle: Path, *, version: str, threads: int) -> ServedMode
     return ServedModel(p.translator, p.options, card.get("name", "aiayn"), version, p.info["variant"], card)
 
 
-@dataclass
-class _Item:
-    model: ServedModel
+@dataclass(frozen=True)
+class _Job:
+    """What a micro-batch decodes: the options and how many hypotheses per unit (requests that share
+    both share batches)."""
+
     options: DecodeOptions
-    units: list[np.ndarray]
-    future: asyncio.Future
+    n_best: int
 
 
-class MicroBatcher:
-    """Dynamic micro-batching across concurrent requests (see the module doc).
-
-    ``submit(model, units, options)`` -> output ids per unit. ``observe(n)`` is called with each
-    decoded batch's unit count (the batch-size histogram).
-    """
-
-    def __init__(self, *, max_batch: int, max_wait_s: float, workers: int,
-                 observe: Callable[[int], None] = lambda n: None) -> None:
-        if max_batch < 1 or max_wait_s < 0 or workers < 1:
-            raise ValueError(f"max_batch >= 1, max_wait_s >= 0, workers >= 1 expected, got {max_batch}, {max_wait_s}, {workers}")
-        self.max_batch, self.max_wait_s, self.workers = max_batch, max_wait_s, workers
-        self.observe = observe
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="aiayn-decode")
-        self._slots = asyncio.Semaphore(workers)
-        self._task: asyncio.Task | None = None
-        self._inflight: set[asyncio.Task] = set()
-        self._outstanding = 0  # submitted requests not yet answered (queued or decoding)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        """Decode what is queued, wait for batches in flight, then stop."""
-        while not self._queue.empty() or self._inflight:
-            await asyncio.sleep(0.01)
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        self._executor.shutdown(wait=True)
-
-    async def submit(self, model: ServedModel, units: list[np.ndarray], options: DecodeOptions) -> list[list[int]]:
-        if not units:
-            return []
-        fut = asyncio.get_running_loop().create_future()
-        self._outstanding += 1
-        try:
-            await self._queue.put(_Item(model, options, units, fut))
-            return await fut
-        finally:
-            self._outstanding -= 1
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._slots.acquire()  # a worker is free: open the next batch
-            item = await self._queue.get()
-            batch, n = [item], len(item.units)
-            deadline = loop.time() + self.max_wait_s
-            while n < self.max_batch:
-                if self._queue.empty():
-                    if self._outstanding <= len(batch):
-                        break  # no other request anywhere (queued or decoding): waiting only adds latency
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    try:
-                        nxt = await asyncio.wait_for(self._queue.get(), left)
-                    except TimeoutError:
-                        break
-                else:
-                    nxt = self._queue.get_nowait()
-                batch.append(nxt)
-                n += len(nxt.units)
-            task = loop.create_task(self._decode(batch))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
-
-    async def _decode(self, batch: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            groups: dict[tuple[int, DecodeOptions], list[_Item]] = {}
-            for it in batch:
-                groups.setdefault((id(it.model), it.options), []).append(it)
-            for items in groups.values():
-                units = [u for it in items for u in it.units]
-                self.observe(len(units))
-                try:
-                    ids = await loop.run_in_executor(self._executor, items[0].model.translator.translate_ids,
-                                                     units, items[0].options)
-                except Exception:  # noqa: BLE001 - isolate: each request of the failed batch alone
-                    for it in items:
-                        try:
-                            one = await loop.run_in_executor(self._executor, it.model.translator.translate_ids,
-                                                             it.units, it.options)
-                        except Exception as e:  # noqa: BLE001
-                            if not it.future.done():
-                                it.future.set_exception(e)
-                        else:
-                            if not it.future.done():
-                                it.future.set_result(one)
-                    continue
-                k = 0
-                for it in items:
-                    if not it.future.done():
-                        it.future.set_result(ids[k : k + len(it.units)])
-                    k += len(it.units)
-        finally:
-            self._slots.release()
+def _decode_hyps(model: ServedModel, units: list[np.ndarray], job: _Job) -> list:
+    return model.translator.decoder.translate_hyps(units, job.options, n_best=job.n_best)
 
 
-# --------------------------------------------------------------------------- the app
+# --------------------------------------------------------------------------- state, registry, retention
 
 
 def _registry_uri(cfg: ServeConfig) -> str:
@@ -338,16 +188,21 @@ def _parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
 
 class _State:
     def __init__(self, cfg: ServeConfig) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.cfg = cfg
         self.model: ServedModel | None = None
         self.log: RequestLog | None = None
         self.batcher: MicroBatcher | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+        self.readers: set = set()  # deadlines of request bodies being read (expired when draining starts)
+        self.prune_failing = False
         self.tmp = tempfile.TemporaryDirectory(prefix="aiayn-serve-")
+        self.request_model = request_model(max_sentences=cfg.max_sentences, max_beam_size=cfg.max_beam_size)
         self.registry = CollectorRegistry()
-        self.requests = Counter("aiayn_requests", "Translate requests answered, by HTTP status", ["status"],
-                                registry=self.registry)
+        self.requests = Counter("aiayn_requests", "Translate requests answered, by HTTP status (499: the "
+                                "client hung up)", ["status"], registry=self.registry)
         self.errors = Counter("aiayn_errors", "Failed translate requests, by kind", ["kind"], registry=self.registry)
         self.latency = Histogram("aiayn_request_latency_seconds", "Translate request latency (seconds)",
                                  registry=self.registry,
@@ -356,6 +211,40 @@ class _State:
                                     registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128))
         self.tokens_in = Counter("aiayn_tokens_in", "Source tokens translated (with EOS)", registry=self.registry)
         self.tokens_out = Counter("aiayn_tokens_out", "Target tokens generated", registry=self.registry)
+        self.decoding = Gauge("aiayn_requests_decoding", "Translate requests accepted and not yet decoded (waiting in "
+                              "the micro-batch queue or decoding)", registry=self.registry)
+        self.prune_failures = Counter("aiayn_log_prune_failures", "Request-log prunes that failed (rolled back)",
+                                      registry=self.registry)
+
+    def begin_drain(self) -> None:
+        """Shutdown started (called from the signal handler's thread): refuse new bodies, and expire
+        every body still arriving so its request is answered 503 at once."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self.draining = True
+        now = asyncio.get_running_loop().time()
+        for deadline in list(self.readers):
+            deadline.reschedule(now)
+
+    def prune(self) -> None:
+        """One retention pass (module doc, step 5): logs the first failure of a run of failures only."""
+        try:
+            n = self.log.prune(self.cfg.retention_days)
+        except LogWriteError as e:
+            self.prune_failures.inc()
+            if not self.prune_failing:
+                log.warning("request log: pruning rows older than %g days failed and was rolled back; requests "
+                            "are still answered and logged, pruning is retried every %g s: %s",
+                            self.cfg.retention_days, self.cfg.prune_interval_s, e)
+            self.prune_failing = True
+            return
+        if self.prune_failing:
+            log.info("request log: pruning works again")
+        self.prune_failing = False
+        if n:
+            log.info("request log: pruned %d request(s) older than %g days", n, self.cfg.retention_days)
 
 
 def _load(cfg: ServeConfig, state: _State) -> ServedModel:
@@ -373,17 +262,15 @@ def _load(cfg: ServeConfig, state: _State) -> ServedModel:
 
 
 async def _poll(cfg: ServeConfig, state: _State) -> None:
-    """Every ``poll_s``: prune the log; when the alias moved, load the new version and swap."""
+    """Every ``poll_s``: when the alias moved, load the new version and swap."""
     from aiayn.tracking import registered_version
 
     name, alias, _ = _parse_model_uri(cfg.model_uri)
+    if cfg.bundle is not None or alias is None:
+        return
     while True:
         await asyncio.sleep(cfg.poll_s)
         try:
-            if state.log is not None:
-                await asyncio.to_thread(state.log.prune, cfg.retention_days)
-            if cfg.bundle is not None or alias is None:
-                continue
             ver = await asyncio.to_thread(registered_version, name, alias, tracking_uri=_registry_uri(cfg))
             if state.model is not None and ver != state.model.version:
                 new = await asyncio.to_thread(_load, cfg, state)
@@ -396,53 +283,138 @@ async def _poll(cfg: ServeConfig, state: _State) -> None:
                         state.model.version if state.model else None, e)
 
 
+async def _retention(cfg: ServeConfig, state: _State) -> None:
+    """Retention on its own timer (module doc, step 5)."""
+    while True:
+        await asyncio.sleep(cfg.prune_interval_s)
+        await asyncio.to_thread(state.prune)
+
+
+# --------------------------------------------------------------------------- one request
+
+
+def _count_tokens(translator: Translator, sentences: list[str]) -> list[int]:
+    """Per sentence, its source tokens as the limit counts them: the pieces of the cleaned line that
+    are not unknown, plus EOS (0 for a blank line). One tokenizer pass: linear in the text."""
+    encoded = translator.tokenizer.encode([" ".join(clean_line(s).split()) for s in sentences])
+    return [sum(1 for i in ids if i != UNK_ID) + 1 if ids else 0 for ids in encoded]
+
+
+def _prepare(model: ServedModel, sentences: list[str], options: DecodeOptions, cfg: ServeConfig) -> PreparedInput:
+    """Token limit first, then ``Translator.prepare`` (run in a worker thread). Raises ``RequestError``."""
+    n_tokens = sum(_count_tokens(model.translator, sentences))
+    if n_tokens > cfg.max_request_tokens:  # one huge request would hold every other one behind it
+        raise RequestError(422, "too_many_tokens", f"the request has {n_tokens} source tokens (with EOS), over the "
+                           f"limit of {cfg.max_request_tokens} per request: send fewer or shorter sentences")
+    try:
+        return model.translator.prepare(sentences, options, long=cfg.long_policy, warn_unknown=False)
+    except InputError as e:
+        raise RequestError(400, "input", str(e)) from None
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client has disconnected (the body was read: the next ASGI message is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _decode_while_connected(state: _State, request: Request, model: ServedModel,
+                                  prepared: PreparedInput, job: _Job) -> list | None:
+    """The units' hypotheses, or None when the client hung up first (its work dropped: module doc)."""
+    decode = asyncio.ensure_future(state.batcher.submit(model, prepared.units, job))
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({decode, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not decode.done():
+            decode.cancel()
+    if gone.done():
+        return None
+    gone.cancel()
+    return decode.result()
+
+
+def _answer(model: ServedModel, req: TranslateRequest, job: _Job, prepared: PreparedInput,
+            hyps: list, request_id: str) -> tuple[dict[str, Any], list[int]]:
+    """The response body and each sentence's output tokens (1-best)."""
+    tr = model.translator
+    lines: list[list[ScoredLine]] = tr.scored_lines(prepared.spans, hyps, len_penalty=job.options.len_penalty)
+    body: dict[str, Any] = {"translations": [ln[0].text for ln in lines],
+                            "scores": [_finite(ln[0].score) for ln in lines],
+                            "model": model.public, "request_id": request_id}
+    if req.n_best is not None:
+        body["nbest"] = [[{"translation": s.text, "score": _finite(s.score)} for s in ln] for ln in lines]
+    out_tokens = [sum(len(hyps[k][0].tokens) for k in range(a, b) if hyps[k]) for a, b in prepared.spans]
+    return body, out_tokens
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------- the app
+
+
 def create_app(cfg: ServeConfig):
     """The FastAPI app: model loaded and log opened here (errors raise: ``BundleError``,
-    ``aiayn.tracking.RegistryError``, ``LogWriteError``, ``sqlite3.Error``), batcher and registry
-    polling started in its lifespan."""
+    ``aiayn.tracking.RegistryError``, ``aiayn.request_log.RequestLogError``), batcher, registry
+    polling and retention started in its lifespan."""
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, Response
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     state = _State(cfg)
     # before the server starts, so a bad bundle, an unreachable registry or an unwritable log stops
     # `aiayn serve` with one message instead of a half-started service
-    state.log = RequestLog(cfg.log_path, busy_timeout_ms=cfg.busy_timeout_ms)
-    state.log.prune(cfg.retention_days)
+    state.log = open_request_log(cfg.log_target, busy_timeout_ms=cfg.busy_timeout_ms)
+    state.prune()
     state.model = _load(cfg, state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        state.loop = asyncio.get_running_loop()
         state.batcher = MicroBatcher(max_batch=cfg.max_batch_sentences, max_wait_s=cfg.max_wait_ms / 1000,
-                                     workers=cfg.workers, observe=state.batch_size.observe)
+                                     workers=cfg.workers, observe=state.batch_size.observe, decode=_decode_hyps)
         state.batcher.start()
-        poller = asyncio.get_running_loop().create_task(_poll(cfg, state)) if cfg.poll_s > 0 else None
-        log.info("serving %s version %s (%s) on http://%s:%d", state.model.name, state.model.version,
-                 state.model.variant, cfg.host, cfg.port)
+        tasks = [state.loop.create_task(_retention(cfg, state))]
+        if cfg.poll_s > 0:
+            tasks.append(state.loop.create_task(_poll(cfg, state)))
+        log.info("serving %s version %s (%s) on http://%s:%d; request log %s", state.model.name,
+                 state.model.version, state.model.variant, cfg.host, cfg.port, state.log.location)
         try:
             yield
         finally:
-            if poller:
-                poller.cancel()
+            for t in tasks:
+                t.cancel()
             await state.batcher.stop()
             state.log.close()
             state.tmp.cleanup()
 
     app = FastAPI(title="aiayn translation service", lifespan=lifespan)
     app.state.aiayn = state
+    _info_routes(app, state)
+    _translate_route(app, state)
+    return app
 
-    def error(status: int, kind: str, message: str) -> JSONResponse:
-        state.errors.labels(kind).inc()
-        state.requests.labels(str(status)).inc()
-        return JSONResponse({"error": kind, "detail": message}, status_code=status)
 
+def _error(state: _State, status: int, kind: str, message: str, *, close: bool = False):
+    from fastapi.responses import JSONResponse
+
+    state.errors.labels(kind).inc()
+    state.requests.labels(str(status)).inc()
+    return JSONResponse({"error": kind, "detail": message}, status_code=status,
+                        headers={"connection": "close"} if close else None)
+
+
+def _info_routes(app, state: _State) -> None:
+    from fastapi.responses import JSONResponse, Response
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         """Routing errors (404 unknown path, 405 wrong method) answered like every other error, and counted."""
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
-        response = error(exc.status_code, kind, f"{request.method} {request.url.path}: {exc.detail}")
+        response = _error(state, exc.status_code, kind, f"{request.method} {request.url.path}: {exc.detail}")
         response.headers.update(exc.headers or {})  # 405 keeps its Allow header
         return response
 
@@ -452,8 +424,8 @@ def create_app(cfg: ServeConfig):
 
     @app.get("/ready")
     async def ready():
-        if state.model is None:
-            return JSONResponse({"status": "loading"}, status_code=503)
+        if state.model is None or state.draining:
+            return JSONResponse({"status": "draining" if state.draining else "loading"}, status_code=503)
         return {"status": "ready", "model": state.model.public}
 
     @app.get("/metadata")
@@ -466,95 +438,80 @@ def create_app(cfg: ServeConfig):
     async def metrics():
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
+
+def _translate_route(app, state: _State) -> None:
+    cfg = state.cfg
+
     @app.post("/translate")
     async def translate(request: Request):
         t0 = time.perf_counter()
+        request_id = uuid.uuid4().hex
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
-            return error(415, "content_type", f"Content-Type must be application/json, got {ctype or 'none'!r}")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            return error(413, "too_large", f"request body of {declared} bytes is over the limit of {cfg.max_body_bytes}")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > cfg.max_body_bytes:
-                return error(413, "too_large", f"request body is over the limit of {cfg.max_body_bytes} bytes")
-        try:
-            payload = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            return error(400, "invalid_json", f"request body is not UTF-8 ({e.reason} at byte {e.start})")
-        except json.JSONDecodeError as e:
-            return error(400, "invalid_json", f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
-        problem = _validate(payload, cfg)
-        if problem:
-            return error(422 if problem[0] == "invalid_field" else 400, *problem)
+            return _error(state, 415, "content_type", f"Content-Type must be application/json, got {ctype or 'none'!r}")
         model = state.model
-        if model is None:
-            return error(503, "not_ready", "the model is still loading")
-        sentences: list[str] = payload["sentences"]
-        options = replace(model.options, beam_size=payload.get("beam_size") or model.options.beam_size)
         try:
-            prepared = model.translator.prepare(sentences, options, long=cfg.long_policy)
-        except InputError as e:
-            return error(400, "input", str(e))
-        src_tokens = [sum(len(u) for u in prepared.units[a:b]) for a, b in prepared.spans]  # per input line
-        n_tokens = sum(src_tokens)
-        if n_tokens > cfg.max_request_tokens:  # one huge request would hold every other one behind it
-            return error(422, "too_many_tokens", f"the request has {n_tokens} source tokens (with EOS), over the "
-                         f"limit of {cfg.max_request_tokens} per request: send fewer or shorter sentences")
+            if state.draining:
+                raise RequestError(503, "shutting_down", "the service is shutting down: retry (another replica)")
+            body = await read_body(request.stream(), declared=request.headers.get("content-length"),
+                                   limit=cfg.max_body_bytes, timeout_s=cfg.body_timeout_s, readers=state.readers)
+            req = parse_request(body, state.request_model)
+            if model is None:
+                raise RequestError(503, "not_ready", "the model is still loading")
+            options = replace(model.options, beam_size=req.beam_size or model.options.beam_size)
+            job = _Job(options, req.n_best or 1)
+            if job.n_best > options.beam_size:
+                raise RequestError(422, "invalid_field", f"'n_best' ({job.n_best}) must not exceed the beam size "
+                                   f"({options.beam_size}): ask for a larger 'beam_size'")
+            prepared = await asyncio.to_thread(_prepare, model, req.sentences, options, cfg)
+        except RequestError as e:
+            if e.status == 408 and state.draining:
+                e = RequestError(503, "shutting_down", "the service is shutting down: retry (another replica)")
+            return _error(state, e.status, e.kind, e.message, close=e.status in (408, 503))
+        if prepared.report.unknown_lines:  # counts and the id only: the text stays in the request log
+            log.warning("request %s: %d of %d line(s) held %d run(s) of characters the tokenizer does not know "
+                        "(left out)", request_id, prepared.report.unknown_lines, prepared.report.lines,
+                        sum(prepared.report.unknown_chars.values()))
+        state.decoding.inc()
         try:
-            ids = await state.batcher.submit(model, prepared.units, options)
+            hyps = await _decode_while_connected(state, request, model, prepared, job)
         except Exception as e:  # noqa: BLE001 - a decoding failure answers 500 for this request only
-            log.exception("decoding failed")
-            return error(500, "decode", f"{type(e).__name__}: {e}")
-        outputs = model.translator.output_lines(prepared.spans, ids)
-        request_id = uuid.uuid4().hex
-        out_tokens = [sum(len(h) for h in ids[a:b]) for a, b in prepared.spans]
+            log.exception("request %s: decoding failed", request_id)
+            return _error(state, 500, "decode", f"{type(e).__name__}: {e}")
+        finally:
+            state.decoding.dec()
+        if hyps is None:
+            return _error(state, 499, "client_gone", "the client hung up before the answer was ready")
+        answer, out_tokens = _answer(model, req, job, prepared, hyps, request_id)
+        src_tokens = [sum(len(u) for u in prepared.units[a:b]) for a, b in prepared.spans]
         try:
             await asyncio.to_thread(state.log.write, request_id, ts=time.time(), model=model.public,
-                                    beam_size=options.beam_size, sources=sentences, source_tokens=src_tokens,
-                                    output_tokens=out_tokens, outputs=outputs)
+                                    beam_size=options.beam_size, sources=[clean_line(s) for s in req.sentences],
+                                    source_tokens=src_tokens, output_tokens=out_tokens,
+                                    outputs=answer["translations"])
         except LogWriteError as e:
-            log.error("%s", e)
-            return error(503, "log", f"the request log could not be written, so the answer is withheld: {e}")
+            log.error("request %s: %s", request_id, e)
+            return _error(state, 503, "log", f"the request log could not be written, so the answer is withheld: {e}")
         state.tokens_in.inc(sum(src_tokens))
         state.tokens_out.inc(sum(out_tokens))
         state.requests.labels("200").inc()
         state.latency.observe(time.perf_counter() - t0)
-        return {"translations": outputs, "model": model.public, "request_id": request_id}
-
-    return app
+        return answer
 
 
-def _validate(payload: Any, cfg: ServeConfig) -> tuple[str, str] | None:
-    """``(error kind, message)`` for a malformed request body, None when it is fine."""
-    if not isinstance(payload, dict):
-        return "invalid_body", f"expected a JSON object {{\"sentences\": [...]}}, got {type(payload).__name__}"
-    unknown = set(payload) - {"sentences", "beam_size"}
-    if unknown:
-        return "invalid_field", f"unknown field(s) {sorted(unknown)}; expected 'sentences' and optional 'beam_size'"
-    if "sentences" not in payload:
-        return "invalid_field", "missing field 'sentences' (a list of source sentences)"
-    s = payload["sentences"]
-    if not isinstance(s, list):
-        return "invalid_field", f"'sentences' must be a list of strings, got {type(s).__name__}"
-    if not s:
-        return "invalid_field", "'sentences' is empty: send at least one sentence"
-    if len(s) > cfg.max_sentences:
-        return "invalid_field", f"'sentences' has {len(s)} items, over the limit of {cfg.max_sentences} per request"
-    for i, x in enumerate(s):
-        if not isinstance(x, str):
-            return "invalid_field", f"'sentences'[{i}] must be a string, got {type(x).__name__}"
-    if "beam_size" in payload and payload["beam_size"] is not None:
-        b = payload["beam_size"]
-        if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= cfg.max_beam_size:
-            return "invalid_field", f"'beam_size' must be an integer from 1 to {cfg.max_beam_size}, got {b!r}"
-    return None
-
-
-def serve(cfg: ServeConfig) -> None:
-    """Run the service until SIGTERM/SIGINT (uvicorn's graceful shutdown; see the module doc)."""
+def serve(cfg: ServeConfig, sock: socket.socket | None = None) -> None:
+    """Run the service until SIGTERM/SIGINT (module doc: draining). ``sock``: an already listening
+    socket (``aiayn.serve_api.listen``); None binds ``cfg.host:cfg.port`` here."""
     import uvicorn
 
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level="info", timeout_graceful_shutdown=30)
+    app = create_app(cfg)
+    state: _State = app.state.aiayn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            state.begin_drain()
+
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="info",
+                            timeout_graceful_shutdown=cfg.drain_s)
+    Server(config).run(sockets=[sock] if sock is not None else None)

@@ -201,6 +201,14 @@ class Tokenizer:
             cleaned.append([t for t in seq if t not in (PAD_ID, BOS_ID)])
         return self._sp.decode(cleaned) if cleaned else []
 
+    def normalize(self, texts: list[str]) -> list[str]:
+        """``texts`` as the model reads them: sentencepiece's own normalizer (the model's rule, here
+        ``nmt_nfkc``: NFKC, so NFD and NFC input agree, plus whitespace clean-up), with its word-start
+        marks turned back into single spaces (a literal U+2581 in the text becomes a space too)."""
+        if isinstance(texts, str):
+            raise TypeError("normalize() takes a list of strings, got a single str")
+        return [" ".join(t.replace("\u2581", " ").split()) for t in self._sp.normalize(list(texts))]
+
     def pieces(self, text: str) -> list[str]:
         """Subword pieces of ``text`` (``'▁'`` U+2581 marks a word start)."""
         return self._sp.encode(text, out_type=str)

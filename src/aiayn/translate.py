@@ -1,12 +1,10 @@
-"""Load a trained model bundle and translate text (used by evaluate, the CLI and serving).
+"""The input rules of translation: text lines in, one output line per input line, any decoder.
 
-A model bundle is a directory (``artifacts/model`` by default) holding
-``model.safetensors`` (averaged weights), ``model.json`` (resolved
-``ModelConfig`` and provenance) and ``spm.model`` (the joint tokenizer).
-
-``Translator.prepare`` + ``Translator.translate_prepared`` (or ``Translator.translate``, both in one)
-is the one translation path: ``aiayn translate``, the ``evaluate`` stage and the service call it.
-Per input line (``aiayn.textio`` decides what a line is):
+``Translator(tokenizer, decoder)`` puts these rules in front of a ``aiayn.decoders.Decoder`` (eager
+PyTorch or CTranslate2); ``Translator.prepare`` + ``Translator.translate_prepared`` (or
+``Translator.translate``, both in one) is the one translation path: ``aiayn translate``, the
+``evaluate`` stage, the service and the MLflow pyfunc model call it. Per input line
+(``aiayn.textio`` decides what a line is):
 
 - blank or whitespace-only -> an empty output line, without decoding; N lines in -> N lines out;
 - line-break and control characters inside a line -> spaces (``aiayn.textio.clean_line``);
@@ -14,16 +12,15 @@ Per input line (``aiayn.textio`` decides what a line is):
   dropped from the source (the model never saw the unknown piece in training), counted, and one
   warning says how many lines had them; the unknown piece is never generated, and no output
   contains sentencepiece's placeholder U+2047;
-- a line longer than the model accepts (``Translator.max_source_tokens``: the position table and
-  the decoder's length cap must both fit ``max_positions``) follows the ``long`` policy:
-  ``"error"`` (``InputError`` naming the line and its length), ``"truncate"`` (cut, one warning
-  per line) or ``"split"`` (translated in pieces cut at sentence, clause, then word boundaries and
-  joined with spaces).
+- a line longer than the model accepts (``Translator.max_source_tokens``: the source and the
+  decoder's length cap must both fit the model's per-side limit ``max_side_tokens``) follows the
+  ``long`` policy: ``"error"`` (``InputError`` naming the line and its length), ``"truncate"`` (cut,
+  one warning per line) or ``"split"`` (translated in pieces cut at sentence, clause, then word
+  boundaries and joined with spaces).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -32,45 +29,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 
-from aiayn.batching import pad_batch
-from aiayn.checkpoint import CheckpointError, load_checkpoint, load_model_weights
-from aiayn.config import EOS_ID, UNK_ID, ModelConfig
-from aiayn.decode import beam_search, greedy_decode
-from aiayn.model import Transformer
+from aiayn.bundle import ModelBundle
+from aiayn.config import EOS_ID, UNK_ID
+from aiayn.decode import Hypothesis, length_penalty
+from aiayn.decoders import DecodeOptions, Decoder, EagerDecoder
 from aiayn.textio import LONG_POLICIES, InputError, clean_line, output_line, split_long
 from aiayn.tokenizer import Tokenizer
 
-__all__ = [
-    "Translator",
-    "max_source_tokens",
-    "DecodeOptions",
-    "PreparedInput",
-    "InputReport",
-    "InputError",
-    "LONG_POLICIES",
-    "resolve_device",
-    "MAX_INPUT_TOKENS",
-]
+__all__ = ["Translator", "max_source_tokens", "PreparedInput", "InputReport", "ScoredLine", "InputError", "LONG_POLICIES"]
 
 log = logging.getLogger("aiayn")
-
-#: Legacy fixed cap (tokens, EOS included), kept for the quantize stage's sample selection only.
-#: Translation derives its limit from the model: ``Translator.max_source_tokens``.
-MAX_INPUT_TOKENS = 256
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """Decoding knobs (defaults: paper Section 6.1). ``beam_size=1`` means greedy."""
-
-    beam_size: int = 4
-    len_penalty: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    max_tokens: int = 4000  # source tokens per batch
-    use_cache: bool = True  # False: recompute the whole prefix each step (reference path, benchmarks)
 
 
 @dataclass
@@ -90,6 +59,16 @@ class InputReport:
     long_lines: list[tuple[int, int]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ScoredLine:
+    """One hypothesis of an input line: its text and ``score``, the length-normalised log-probability
+    ``log P(Y | X) / ((5 + |Y|) / 6) ** len_penalty`` (natural log; ``|Y|`` counts tokens with EOS;
+    ``aiayn.decode``); ``0.0`` for a blank line (nothing to translate)."""
+
+    text: str
+    score: float
+
+
 @dataclass
 class PreparedInput:
     """Input lines as decoder units. ``units``: ``(len,)`` int64 source ids with EOS, at most
@@ -101,54 +80,15 @@ class PreparedInput:
     report: InputReport
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; anything else as ``torch.device`` understands it.
+def max_source_tokens(max_side_tokens: int, options: DecodeOptions = DecodeOptions()) -> int:
+    """Longest source a model with the per-side limit ``max_side_tokens`` (``ModelConfig.max_side_tokens``)
+    translates without clipping, in tokens with EOS.
 
-    Raises ``ValueError`` for an unknown device string or CUDA asked for but not available.
+    The largest ``n <= max_side_tokens`` with ``int(max_len_a * n + max_len_b) <= max_side_tokens - 1``
+    (the decoder's output cap, BOS included, must fit too; ``aiayn.decode``). Raises ``ValueError``
+    when not even a one-token source fits (``max_len_b`` too large).
     """
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda[:N]") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but CUDA is not available here (use --device auto or cpu)")
-    return dev
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())
-
-
-def _read_model_config(path: Path) -> ModelConfig:
-    """``ModelConfig`` from a bundle's ``model.json``; ``CheckpointError`` (one line) if malformed."""
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
-        raise CheckpointError(f"{path}: no 'model' mapping (a model.json written by `aiayn train` has one)")
-    try:
-        return ModelConfig(**meta["model"])
-    except ValidationError as e:
-        errors = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'model'}: {err['msg']}" for err in e.errors())
-        raise CheckpointError(f"{path}: invalid model config: {errors}") from None
-    except TypeError as e:
-        raise CheckpointError(f"{path}: invalid model config: {e}") from None
-
-
-def max_source_tokens(max_positions: int, options: DecodeOptions = DecodeOptions()) -> int:
-    """Longest source a model with ``max_positions`` positions translates without clipping, in tokens
-    with EOS.
-
-    The largest ``n <= max_positions`` with ``int(max_len_a * n + max_len_b) <= max_positions - 1``
-    (the decoder's output cap must fit the position table too; ``aiayn.decode``). Raises
-    ``ValueError`` when not even a one-token source fits (``max_len_b`` too large).
-    """
-    P = max_positions
+    P = max_side_tokens
     a, b = options.max_len_a, options.max_len_b
     n = P if a == 0 else min(P, int((P - 1 - b) / a) + 1)
     while n > 0 and int(a * n + b) > P - 1:
@@ -162,78 +102,48 @@ def max_source_tokens(max_positions: int, options: DecodeOptions = DecodeOptions
 
 
 class Translator:
-    """A model + tokenizer pair ready to translate lists of sentences (on the model's device)."""
+    """The input rules (module docstring) in front of ``decoder``, with ``tokenizer`` (the model's own)
+    turning text into source ids and output ids back into text."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer) -> None:
-        self.model = model.eval()
+    def __init__(self, tokenizer: Tokenizer, decoder: Decoder) -> None:
         self.tokenizer = tokenizer
+        self.decoder = decoder
 
     @classmethod
     def from_dir(
         cls, model_dir: str | Path, *, weights: str | Path | None = None, device: str | torch.device = "auto"
     ) -> "Translator":
-        """Load the bundle in ``model_dir`` (optionally other weights, e.g. a checkpoint's) onto ``device``.
-
-        ``device``: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``; the
-        model is built there, so ``attention_backend: auto`` picks the Triton kernel on CUDA.
-
-        Raises ``FileNotFoundError`` for a missing bundle or weights file,
-        ``aiayn.checkpoint.CheckpointError`` for a malformed ``model.json``, unreadable weights or
-        weights/tokenizer that do not fit the model, ``aiayn.tokenizer.TokenizerError`` for an
-        unreadable ``spm.model`` and ``ValueError`` for an unusable ``device``. Every message is one line.
-        """
-        model_dir = Path(model_dir)
-        for name in ("model.json", "spm.model"):
-            if not (model_dir / name).exists():
-                raise FileNotFoundError(f"{model_dir / name} not found: train a model first (`aiayn train` or `dvc repro`)")
-        cfg = _read_model_config(model_dir / "model.json")
-        weights_path = Path(weights) if weights else model_dir / "model.safetensors"
-        if not weights_path.is_file():
-            raise FileNotFoundError(f"model weights {weights_path} not found (the bundle in {model_dir} is incomplete)")
-        dev = resolve_device(device)
-        if weights_path.suffix == ".json":  # a training checkpoint
-            state = load_checkpoint(weights_path).model
-        else:
-            state = load_model_weights(weights_path)
-        tokenizer = Tokenizer.load(model_dir / "spm.model")
-        if tokenizer.vocab_size != cfg.vocab_size:
-            raise CheckpointError(
-                f"{model_dir / 'spm.model'} has {tokenizer.vocab_size} pieces but {model_dir / 'model.json'} "
-                f"says vocab_size={cfg.vocab_size}"
-            )
-        model = Transformer(cfg, device=dev)
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:
-            raise CheckpointError(
-                f"weights {weights_path} do not fit the model in {model_dir / 'model.json'}: {_one_line(e)}"
-            ) from None
-        return cls(model, tokenizer)
+        """The trained model folder ``model_dir`` (optionally other weights, e.g. a checkpoint's) decoded
+        eagerly on ``device``: ``aiayn.bundle.ModelBundle.load`` (its errors) + ``EagerDecoder``."""
+        bundle = ModelBundle.load(model_dir, weights=weights, device=device)
+        return cls(bundle.tokenizer, EagerDecoder(bundle.model))
 
     @property
     def device(self) -> torch.device:
-        """Where the model's parameters (and every decoding batch) live."""
-        return next(self.model.parameters()).device
+        """Where the decoder runs."""
+        return self.decoder.device
 
     @property
-    def max_positions(self) -> int:
-        """Rows of the model's position table (tokens): bounds sources and outputs."""
-        return self.model.max_positions
+    def max_side_tokens(self) -> int:
+        """The model's longest source (and target with BOS), in tokens: bounds sources and outputs."""
+        return self.decoder.max_side_tokens
 
     # ------------------------------------------------------------------ input -> units
 
     def max_source_tokens(self, options: DecodeOptions = DecodeOptions()) -> int:
         """Longest source this model translates without clipping, in tokens with EOS
-        (``max_source_tokens(self.max_positions, options)``)."""
-        return max_source_tokens(self.max_positions, options)
+        (``max_source_tokens(self.max_side_tokens, options)``)."""
+        return max_source_tokens(self.max_side_tokens, options)
 
     def prepare(
-        self, lines: Sequence[str], options: DecodeOptions = DecodeOptions(), *, long: str = "error"
+        self, lines: Sequence[str], options: DecodeOptions = DecodeOptions(), *, long: str = "error",
+        warn_unknown: bool = True,
     ) -> PreparedInput:
         """Clean, tokenize and size-check ``lines`` (see the module docstring for the rules).
 
-        Logs one warning when lines hold unknown characters and, under ``long="truncate"``, one per
-        truncated line. Raises ``InputError`` (a ``ValueError``) for a line over the limit under
+        Logs one warning when lines hold unknown characters, quoting up to five of them
+        (``warn_unknown=False``: none; the caller reports ``report``'s counts, as the service does, so
+        no request text reaches its log) and, under ``long="truncate"``, one per truncated line. Raises ``InputError`` (a ``ValueError``) for a line over the limit under
         ``long="error"`` (naming the first such line, its length in tokens and the limit) and
         ``ValueError`` for an unknown ``long`` policy.
         """
@@ -260,7 +170,7 @@ class Translator:
             more = f" ({len(too_long) - 1} more line(s) too long)" if len(too_long) > 1 else ""
             raise InputError(
                 f"input line {n} has {k} tokens (with EOS); this model translates at most {limit} "
-                f"(max_positions={self.max_positions}, max_len_a={options.max_len_a}, "
+                f"(max_positions={self.max_side_tokens}, max_len_a={options.max_len_a}, "
                 f"max_len_b={options.max_len_b}){more}; long-line policy 'error': use 'split' or 'truncate'"
             )
         units: list[np.ndarray] = []
@@ -284,7 +194,7 @@ class Translator:
                 if p:
                     units.append(np.asarray(p[: limit - 1] + [EOS_ID], dtype=np.int64))
             spans.append((start, len(units)))
-        if report.unknown_lines:
+        if report.unknown_lines and warn_unknown:
             sample = ", ".join(repr(c) for c, _ in report.unknown_chars.most_common(5))
             log.warning("%d of %d input line(s) hold characters the tokenizer does not know (%s); they were "
                         "left out of the translation", report.unknown_lines, report.lines, sample)
@@ -299,45 +209,7 @@ class Translator:
         prep = self.prepare(sentences, options, long="error")
         return [prep.units[a] if b > a else np.asarray([EOS_ID], dtype=np.int64) for a, b in prep.spans]
 
-    # ------------------------------------------------------------------ decoding
-
-    @torch.inference_mode()
-    def translate_ids(
-        self,
-        sources: list[np.ndarray],
-        options: DecodeOptions = DecodeOptions(),
-        *,
-        progress: Callable[[int], None] | None = None,
-    ) -> list[list[int]]:
-        """Decode source id arrays (EOS included); returns output ids in input order.
-
-        Batches are formed from length-sorted sources up to ``options.max_tokens``
-        padded source tokens and run on the model's device. ``progress(n)`` is called with each
-        batch's size.
-        """
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-        results: list[list[int]] = [[] for _ in sources]
-        device = self.device
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end - start + 1) * len(sources[order[end]]) <= options.max_tokens:
-                end += 1
-            idx = order[start:end]
-            src = pad_batch([sources[i] for i in idx]).to(device)  # (B, S)
-            if options.beam_size == 1:
-                hyps = greedy_decode(self.model, src, max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                                     use_cache=options.use_cache)
-            else:
-                hyps = beam_search(self.model, src, beam_size=options.beam_size, len_penalty=options.len_penalty,
-                                   max_len_a=options.max_len_a, max_len_b=options.max_len_b,
-                                   use_cache=options.use_cache)
-            for i, h in zip(idx, hyps):
-                results[i] = list(h)
-            if progress:
-                progress(len(idx))
-            start = end
-        return results
+    # ------------------------------------------------------------------ units -> output lines
 
     def output_lines(self, spans: Sequence[tuple[int, int]], ids: list[list[int]], *, first: int = 0) -> list[str]:
         """Detokenized output lines for input lines ``spans`` (``PreparedInput.spans``) from the output ids
@@ -346,20 +218,61 @@ class Translator:
         texts = [output_line(t) for t in self.tokenizer.decode([[i for i in h if i != UNK_ID] for h in ids])]
         return [" ".join(t for t in texts[a - first : b - first] if t) for a, b in spans]
 
-    def translate_prepared(
+    def scored_lines(
+        self, spans: Sequence[tuple[int, int]], hyps: list[list[Hypothesis]], *, len_penalty: float, first: int = 0
+    ) -> list[list[ScoredLine]]:
+        """The n-best ``ScoredLine`` of each input line ``spans`` from its units' hypotheses (``hyps[k]``:
+        unit ``first + k``'s, best first; ``Decoder.translate_hyps``).
+
+        A line of one unit gets that unit's hypotheses with their scores. A line split into pieces gets
+        as many as its piece with the fewest: the r-th joins every piece's r-th hypothesis, scored
+        ``sum(logprob) / length_penalty(sum(len + 1), len_penalty)``. A line without units (blank)
+        gets ``[ScoredLine("", 0.0)]``. Rank 0's text is exactly ``output_lines``'s line.
+        """
+        flat = [h for unit in hyps for h in unit]
+        texts = iter(output_line(t) for t in self.tokenizer.decode([[i for i in h.tokens if i != UNK_ID] for h in flat]))
+        text_of = {id(h): next(texts) for h in flat}
+        out: list[list[ScoredLine]] = []
+        for a, b in spans:
+            units = hyps[a - first : b - first]
+            if not units or not all(units):
+                out.append([ScoredLine("", 0.0)])
+                continue
+            if len(units) == 1:
+                out.append([ScoredLine(text_of[id(h)], h.score) for h in units[0]])
+                continue
+            ranks = []
+            for r in range(min(len(u) for u in units)):
+                picked = [u[r] for u in units]
+                logprob = sum(h.logprob for h in picked)
+                length = sum(len(h.tokens) + 1 for h in picked)
+                text = " ".join(t for t in (text_of[id(h)] for h in picked) if t)
+                ranks.append(ScoredLine(text, logprob / length_penalty(length, len_penalty)))
+            out.append(ranks)
+        return out
+
+    def translate_prepared_nbest(
         self,
         prepared: PreparedInput,
         options: DecodeOptions = DecodeOptions(),
         *,
+        n_best: int = 1,
         chunk_tokens: int | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> Iterator[list[str]]:
-        """Translate ``prepared`` in chunks of consecutive input lines; yields each chunk's output lines
-        in input order (concatenated: exactly one line, without line breaks or U+2047, per input line).
+    ) -> Iterator[list[list[ScoredLine]]]:
+        """``translate_prepared`` with scores: per input line its ``n_best`` best ``ScoredLine``
+        (``scored_lines``; at most ``n_best``, greedy gives one), chunked the same way. Raises
+        ``ValueError`` unless ``1 <= n_best <= options.beam_size``."""
+        for first, last, spans in self._chunks(prepared, chunk_tokens):
+            hyps = self.decoder.translate_hyps(prepared.units[first:last], options, n_best=n_best)
+            yield self.scored_lines(spans, hyps, len_penalty=options.len_penalty, first=first)
+            if progress:
+                progress(len(spans))
 
-        A chunk closes once it holds ``chunk_tokens`` source tokens (``None``: one chunk, so batches
-        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count.
-        """
+    @staticmethod
+    def _chunks(prepared: PreparedInput, chunk_tokens: int | None) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
+        """``(first unit, last unit, spans)`` of consecutive input lines holding about ``chunk_tokens``
+        source tokens each (None: one chunk)."""
         spans, units = prepared.spans, prepared.units
         start = 0
         while start < len(spans):
@@ -368,12 +281,30 @@ class Translator:
                 a, b = spans[end]
                 tokens += sum(len(u) for u in units[a:b])
                 end += 1
-            first, last = spans[start][0], spans[end - 1][1]
-            ids = self.translate_ids(units[first:last], options)
-            yield self.output_lines(spans[start:end], ids, first=first)
-            if progress:
-                progress(end - start)
+            yield spans[start][0], spans[end - 1][1], spans[start:end]
             start = end
+
+    def translate_prepared(
+        self,
+        prepared: PreparedInput,
+        options: DecodeOptions = DecodeOptions(),
+        *,
+        chunk_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        batch_progress: Callable[[int], None] | None = None,
+    ) -> Iterator[list[str]]:
+        """Translate ``prepared`` in chunks of consecutive input lines; yields each chunk's output lines
+        in input order (concatenated: exactly one line, without line breaks or U+2047, per input line).
+
+        A chunk closes once it holds ``chunk_tokens`` source tokens (``None``: one chunk, so batches
+        are length-sorted over the whole input). ``progress(n)`` is called with each chunk's line count,
+        ``batch_progress(n)`` with each decoder batch's unit count (a progress bar inside one chunk).
+        """
+        for first, last, spans in self._chunks(prepared, chunk_tokens):
+            ids = self.decoder.translate_ids(prepared.units[first:last], options, progress=batch_progress)
+            yield self.output_lines(spans, ids, first=first)
+            if progress:
+                progress(len(spans))
 
     def translate(
         self,

@@ -63,6 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
+from aiayn.settings import Settings
+
 __all__ = ["flash_attention", "flash_attention_forward", "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "INTERPRETED"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -424,7 +426,7 @@ def _interpreting() -> bool:
 INTERPRETED = _interpreting()
 # AIAYN_FLASH_AUTOTUNE=0: on CUDA use the first config of each list below
 # instead of autotuning (fewer compiles: tests, short checks).
-AUTOTUNE = os.environ.get("AIAYN_FLASH_AUTOTUNE", "1") != "0"
+AUTOTUNE = Settings.from_env().flash_autotune
 
 # Interpreter (CPU tests): small fixed blocks, so short sequences still cross
 # several blocks and the diagonal/tail logic is exercised; no autotuning.

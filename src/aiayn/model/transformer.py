@@ -38,7 +38,7 @@ sentence's output does not depend on its batch's padding. ``encode`` embeds the 
 (the stream's prefix); ``decode`` runs the stack over prefix + target, and with a ``KVCache`` the first
 call prefills the cache with the source (the cache grows by ``S``, see ``KVCache.reserve``) and later
 calls continue each row's positions. Sources and targets share one position range:
-``Transformer.max_positions`` (each side's limit) is ``ModelConfig.max_positions // 2``.
+``Transformer.max_side_tokens`` (each side's limit) is ``ModelConfig.max_positions // 2``.
 
 Initialisation (not given by the paper; fairseq's convention): xavier-uniform weights and zero
 biases for every linear layer, embedding ~ Normal(0, d_model**-0.5) with the PAD row zero, so
@@ -350,9 +350,10 @@ class Transformer(nn.Module):
         self._init_weights()
 
     @property
-    def max_positions(self) -> int:
-        """Longest source or target sequence (tokens) the model accepts: ``cfg.max_positions``, or half
-        of it for ``decoder_only`` (source and target share one stream, hence one position range)."""
+    def max_side_tokens(self) -> int:
+        """Longest source, and longest target, in tokens (``cfg.max_side_tokens``): ``cfg.max_positions``
+        (the rows of the position table), or half of it for ``decoder_only`` (source and target share
+        one stream, hence one position range)."""
         return self.cfg.max_side_tokens
 
     def _init_weights(self) -> None:

@@ -1,15 +1,11 @@
 """Quantized variants of the trained model: CTranslate2 int8/int16 on CPU, torchao on GPU.
 
-One concept per module:
+One concept per module (each module's docstring says which): converting our model to CTranslate2,
+the variant registry and builders, CTranslate2's int8 arithmetic reproduced in PyTorch (and which
+int8 arithmetic this host runs), activation outliers, the quality gate, decode timing. The quantize
+stage (``aiayn.stages.quantize``) puts them together: every variant is built, decoded like the float
+model, scored and gated.
 
-- ``converter``      our bundle -> CTranslate2 ``TransformerSpec`` (post- and pre-norm), refusals
-- ``ct2_translate``  decoding a CTranslate2 model under our rules (length cap, GNMT re-ranking)
-- ``eager``          the eager reference decode and teacher-forced log-probs
-- ``variants``       the variant registry, availability (CUDA), builders, metadata
-- ``fake_quant``     CTranslate2's per-row int8 scheme in PyTorch (per-layer-type attribution)
-- ``outliers``       per-channel activation statistics and the outlier report
-- ``checks``         the quality gate and degenerate-output checks
-- ``throughput``     side-by-side decode timing
-
-Only ``variants.build_torchao`` imports torchao, and only when CUDA is present.
+Decoding a converted model under our rules (length cap, GNMT re-ranking) is ``aiayn.decoders``'
+``CT2Decoder``, shared with serving. torchao is imported only when a CUDA variant is built.
 """

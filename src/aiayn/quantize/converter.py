@@ -15,7 +15,7 @@ weight by weight (checked to ~1e-6 in log-probabilities by ``tests/test_quantize
 - OUR sinusoid table is stored explicitly (``position_encodings.encodings``): CTranslate2's own table
   concatenates the sin and cos halves while ours interleaves them, and scores drift by > 1 without
   it. It has ``cfg.max_positions`` rows: every source and target the eager model accepts (sources
-  are capped at ``aiayn.translate.MAX_INPUT_TOKENS``, outputs at ``max_positions - 1`` tokens).
+  are capped at ``aiayn.translate.Translator.max_source_tokens``, outputs at ``max_positions - 1`` tokens).
 - Vocabulary: CTranslate2 looks tokens up by string, so id ``i`` is registered as sentencepiece
   piece ``i`` (ids line up exactly, PAD/UNK/BOS/EOS = 0/1/2/3 included); sources are passed with our
   EOS already appended (``add_source_eos=False``); decoding starts from ``<s>`` (BOS_ID).
@@ -26,7 +26,6 @@ Anything else (``arch='decoder_only'`` included) is refused with ``UnsupportedMo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +33,12 @@ import torch
 from ctranslate2.converters import Converter
 from ctranslate2.specs import common_spec, transformer_spec
 
-from aiayn.checkpoint import load_model_weights
+from aiayn.bundle import ModelBundle
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
 
-__all__ = ["AiaynConverter", "UnsupportedModelError", "check_supported", "vocabulary", "load_bundle"]
+__all__ = ["AiaynConverter", "UnsupportedModelError", "check_supported", "vocabulary"]
 
 #: LayerNorm epsilon of ``torch.nn.LayerNorm`` (our model uses the default).
 LAYER_NORM_EPS = 1e-5
@@ -103,18 +102,6 @@ def vocabulary(tokenizer: Tokenizer) -> list[str]:
     return tokens
 
 
-def load_bundle(model_dir: str | Path) -> tuple[Transformer, Tokenizer, dict]:
-    """``(model in eval mode, tokenizer, model.json)`` of a model bundle (``artifacts/model``)."""
-    model_dir = Path(model_dir)
-    for name in ("model.json", "model.safetensors", "spm.model"):
-        if not (model_dir / name).exists():
-            raise FileNotFoundError(f"{model_dir / name} not found: train a model first (`aiayn train`)")
-    meta = json.loads((model_dir / "model.json").read_text(encoding="utf-8"))
-    model = Transformer(ModelConfig(**meta["model"]))
-    model.load_state_dict(load_model_weights(model_dir / "model.safetensors"))
-    return model.eval(), Tokenizer.load(model_dir / "spm.model"), meta
-
-
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).cpu().numpy().copy()
 
@@ -154,8 +141,8 @@ class AiaynConverter(Converter):
 
     @classmethod
     def from_bundle(cls, model_dir: str | Path) -> "AiaynConverter":
-        model, tokenizer, _ = load_bundle(model_dir)
-        return cls(model, tokenizer)
+        bundle = ModelBundle.load(model_dir, device="cpu")
+        return cls(bundle.model, bundle.tokenizer)
 
     def _load(self) -> transformer_spec.TransformerSpec:
         m, cfg = self.model, self.model.cfg

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +41,15 @@ from aiayn.host import host_info
 from aiayn.model import Transformer
 from aiayn.quantize.fake_quant import fake_quantize_int8
 
-__all__ = ["ACCUMULATIONS", "int8_accumulation", "int8_linear", "with_int8_arithmetic", "int8_logprobs"]
+__all__ = ["ACCUMULATIONS", "ACCUMULATION_ENV", "int8_accumulation", "int8_linear", "with_int8_arithmetic",
+           "int8_logprobs", "decode_under"]
 
 ACCUMULATIONS = ("exact", "int16-saturating")
+#: Environment that makes CTranslate2 (loaded after it is set) sum int8 products each way on an x86 CPU
+#: with AVX2: MKL's path is exact (VNNI, or its generic kernel on non-Intel CPUs); oneDNN capped at AVX2
+#: uses ``vpmaddubsw``, which saturates pairs in int16 whatever the CPU can do.
+ACCUMULATION_ENV = {"exact": {"CT2_USE_MKL": "1"},
+                    "int16-saturating": {"CT2_USE_MKL": "0", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 _VNNI = ("avx512_vnni", "avx_vnni")
 #: ``ONEDNN_MAX_CPU_ISA`` values that leave oneDNN its VNNI kernels (oneDNN's ISA names, upper case).
 _ONEDNN_VNNI_ISAS = ("AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16",
@@ -129,7 +137,7 @@ def with_int8_arithmetic(model: Transformer, accumulation: str) -> Transformer:
 @torch.inference_mode()
 def int8_logprobs(model: Transformer, sources: list[np.ndarray], targets: list[list[int]], *,
                   accumulation: str = "exact") -> list[np.ndarray]:
-    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``eager_logprobs``'s
+    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``aiayn.decoders.EagerDecoder.score_ids``'s
     contract: ``(len + 1,)`` float64 per sentence, the final EOS included)."""
     q = with_int8_arithmetic(model, accumulation)
     hidden: list[torch.Tensor] = []
@@ -146,3 +154,61 @@ def int8_logprobs(model: Transformer, sources: list[np.ndarray], targets: list[l
     finally:
         hook.remove()
     return out
+
+
+def decode_under(accumulation: str, ct2_dir: str | Path, sources: list[np.ndarray], options: Any, *,
+                 max_side_tokens: int, compute_type: str, inter_threads: int = 1) -> tuple[list[list[int]] | None, dict]:
+    """Decode ``sources`` (``(len,)`` int64 ids with EOS) with the CTranslate2 model in ``ct2_dir``
+    (which holds its ``spm.model``) in a subprocess whose CTranslate2 sums int8 products the
+    ``accumulation`` way (``ACCUMULATION_ENV``), under ``options`` (``aiayn.decoders.DecodeOptions``).
+
+    Returns ``(output ids, the subprocess's int8_accumulation())``; ids are None when that process
+    could not compute that way (e.g. no AVX2, or MKL on an Intel CPU without VNNI): the second item
+    says what it had instead. Raises ``RuntimeError`` when the subprocess fails.
+    """
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"accumulation must be one of {ACCUMULATIONS}, got {accumulation!r}")
+    job = {"ct2_dir": str(ct2_dir), "accumulation": accumulation, "options": dataclasses.asdict(options),
+           "max_side_tokens": max_side_tokens, "compute_type": compute_type, "inter_threads": inter_threads,
+           "sources": [np.asarray(x).tolist() for x in sources]}
+    with tempfile.TemporaryDirectory(prefix="aiayn-int8-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        env = {**os.environ, **ACCUMULATION_ENV[accumulation]}
+        proc = subprocess.run([sys.executable, "-m", "aiayn.quantize.int8", str(job_path), str(out_path)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode or not out_path.is_file():
+            raise RuntimeError(f"int8 decoding under {accumulation} sums failed (exit {proc.returncode}): "
+                               f"{proc.stderr.strip()[-2000:]}")
+        out = json.loads(out_path.read_text(encoding="utf-8"))
+    return out["ids"], out["host"]
+
+
+def _decode_job(job_path: str, out_path: str) -> None:
+    """The subprocess side of ``decode_under``: decode the job when this process sums the asked way."""
+    import json
+
+    from aiayn.decoders import CT2Decoder, DecodeOptions
+    from aiayn.tokenizer import Tokenizer
+
+    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
+    host, ids = int8_accumulation(), None
+    if host["accumulation"] == job["accumulation"]:
+        decoder = CT2Decoder(job["ct2_dir"], Tokenizer.load(Path(job["ct2_dir"]) / "spm.model"),
+                             max_side_tokens=job["max_side_tokens"], compute_type=job["compute_type"],
+                             inter_threads=job["inter_threads"])
+        ids = decoder.translate_ids([np.asarray(x, dtype=np.int64) for x in job["sources"]],
+                                    DecodeOptions(**job["options"]))
+    Path(out_path).write_text(json.dumps({"host": host, "ids": ids}), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    import sys
+
+    _decode_job(*sys.argv[1:3])

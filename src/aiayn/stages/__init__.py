@@ -1,32 +1,23 @@
-"""One function per DVC stage: ``run(params, layout) -> summary``.
+"""One function per DVC stage: ``run(params, layout, recorder=NULL_RECORDER) -> summary``.
 
-Each stage module exposes ``run(params: Params, layout: Layout) -> dict`` that
-reads its inputs from ``layout``, writes its outputs atomically under
-``layout``, and returns a small JSON-able summary (counts, metrics, paths).
-The CLI (``aiayn <stage>``), the Prefect flows (``pipelines/``) and
-``dvc.yaml`` all call these same functions. The last stage, ``monitor_reference`` (the drift
-monitor's reference), lives in the top-level ``monitoring`` package with the rest of the monitor;
-``stage_module`` names every stage's module.
+Each stage module exposes ``run(params: Params, layout: Layout, recorder: Recorder) -> dict`` that
+reads its inputs from ``layout``, writes its outputs atomically under ``layout``, records what it
+did into ``recorder`` (``aiayn.recording``: MLflow when ``aiayn <stage>`` or a Prefect flow starts it,
+nothing by default) and returns a small JSON-able summary (counts, metrics, paths). The CLI
+(``aiayn <stage>``), the Prefect flows (``pipelines/``) and ``dvc.yaml`` all call these same
+functions; which stages make the pipeline, in which order, is the orchestrator's
+(``pipelines.stages``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Layout", "STAGES", "stage_module"]
+from aiayn.recording import DatasetRead
 
-#: Pipeline order (DVC DAG).
-STAGES = ("corpus", "prepare", "tokenize", "train", "evaluate", "quantize", "export", "monitor_reference")
-
-#: Stages whose module is not ``aiayn.stages.<name>``.
-_STAGE_MODULES = {"monitor_reference": "monitoring.reference"}
-
-
-def stage_module(name: str) -> str:
-    """Module holding stage ``name``'s ``run(params, layout)`` (``-`` and ``_`` alike)."""
-    name = name.replace("-", "_")
-    return _STAGE_MODULES.get(name, f"aiayn.stages.{name}")
+__all__ = ["Layout", "split_reads"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +78,11 @@ class Layout:
         return self.root / "artifacts" / "train_metrics.json"
 
     @property
+    def plots(self) -> Path:
+        """Per-step curves and per-test-set scores for ``dvc plots`` (each file a stage's ``plots`` output)."""
+        return self.root / "artifacts" / "plots"
+
+    @property
     def eval_metrics(self) -> Path:
         """``{split: {bleu, chrf, bleu_lc_tok}}`` (DVC ``metrics``, outside the ``eval`` out)."""
         return self.root / "artifacts" / "eval_metrics.json"
@@ -113,3 +109,11 @@ class Layout:
         (``dvc metrics show`` lists it) that no stage declares as an output, so its run-to-run noise
         never enters ``dvc.lock``."""
         return self.root / "artifacts" / "quantize_throughput.json"
+
+
+def split_reads(layout: Layout, splits: Iterable[str], langs: Iterable[str], context: str) -> tuple[DatasetRead, ...]:
+    """The prepared files ``{split}.{lang}`` a stage reads, as ``DatasetRead`` s of ``context`` (split by
+    split, languages in the given order; paths relative to ``layout.root``)."""
+    langs = tuple(langs)
+    return tuple(DatasetRead((layout.prepared / f"{split}.{lang}").relative_to(layout.root).as_posix(), context)
+                 for split in splits for lang in langs)

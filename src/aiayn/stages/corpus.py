@@ -15,6 +15,7 @@ import logging
 from aiayn.config import Params
 from aiayn.data.sources import snapshot
 from aiayn.io import atomic_dir
+from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout
 
 __all__ = ["run"]
@@ -22,8 +23,10 @@ __all__ = ["run"]
 log = logging.getLogger("aiayn")
 
 
-def run(params: Params, layout: Layout) -> dict:
-    """Snapshot the corpus; return ``{"dir", "identity", "splits": {split: [files]}}``.
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict:
+    """Snapshot the corpus; return ``{"dir", "identity", "splits": {split: [files]}}``. ``recorder``
+    records nothing of this stage (no run of its own: the corpus identity goes into ``prepare``'s
+    report, the model card and the train run's data version).
 
     Raises ``aiayn.corpus.CorpusError`` (missing or corrupt files, a split or language the source lacks,
     an unreachable dataset): the previous snapshot stays as it was.

@@ -3,7 +3,9 @@
 Outputs (``artifacts/eval``): ``{split}.hyp.{tgt_lang}`` (one detokenized
 hypothesis per line) and ``scores.json`` (scores with their sacreBLEU signatures
 and the decoding options); ``artifacts/eval_metrics.json`` holds the numbers
-only (``{split: {bleu, chrf, bleu_lc_tok}}``) for ``dvc metrics show``. Both are deterministic
+only (``{split: {bleu, chrf, bleu_lc_tok}}``, plus ``bleu_moses_lc_tok`` with ``evaluate.moses_bleu``:
+``aiayn.moses_bleu``) for ``dvc metrics show``; ``artifacts/plots/test_scores.json`` the same
+BLEU/chrF as rows for ``dvc plots show``. Both are deterministic
 bytes for a fixed model and params (two runs give the same ``dvc.lock`` hashes): wall-clock decode
 seconds go to the log and the tracker only.
 """
@@ -17,19 +19,27 @@ from typing import Any
 
 from aiayn.config import Params
 from aiayn.corpus import read_lines
+from aiayn.decoders import DecodeOptions
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
+from aiayn.moses_bleu import score_moses, tok_reference
+from aiayn.progress import Progress
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.scoring import bleu_tokenizer, score
-from aiayn.stages import Layout
-from aiayn.tracking import Tracker
-from aiayn.translate import DecodeOptions, Translator
+from aiayn.stages import Layout, split_reads
+from aiayn.translate import Translator
 
-__all__ = ["run"]
+__all__ = ["run", "RECORD"]
 
 log = logging.getLogger("aiayn")
 
+#: How an evaluate run is recorded: BLEU and chrF per test set are the pipeline run's headline; it
+#: reads the test splits (added by ``run``).
+RECORD = StageRecord("evaluate", headline_metrics=r"^[\w-]+\.(bleu|chrf|bleu_moses_lc_tok)$")
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Translate every ``params.data.test_splits`` source file and score it against its reference.
+
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Translate every ``params.data.test_splits`` source file and score it against its reference; record
+    the scores, their signatures and the outputs into ``recorder``.
 
     Decodes on ``params.evaluate.device``; an over-long source line follows
     ``params.evaluate.long_policy`` (default ``error``: a benchmark never changes silently).
@@ -42,22 +52,29 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     d, e = params.data, params.evaluate
     bleu_tok = bleu_tokenizer(d.tgt_lang, e.bleu_tokenize)  # before decoding: a missing tokenizer fails fast
     translator = Translator.from_dir(layout.model, device=e.device)
-    options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
+    options = DecodeOptions.from_eval(e)
     metrics: dict[str, dict[str, float]] = {}
     scores: dict[str, Any] = {"decode": asdict(options) | {"long_policy": e.long_policy}, "device": str(translator.device),
                               "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
-    with Tracker("evaluate", project_root=layout.root) as tracker:
+    record = RECORD.reading(*split_reads(layout, d.test_splits, (d.src_lang, d.tgt_lang), "test"))
+    texts = {split: (read_lines(layout.prepared / f"{split}.{d.src_lang}"),
+                     read_lines(layout.prepared / f"{split}.{d.tgt_lang}")) for split in d.test_splits}
+    with recorder.start(record) as tracker, Progress("evaluate", sum(len(s) for s, _ in texts.values()),
+                                                     every=250, unit="sentence") as bar:
         with atomic_dir(layout.eval) as out:
             for step, split in enumerate(d.test_splits):
-                sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")
-                references = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
+                sources, references = texts[split]
                 t0 = time.perf_counter()
-                hyps = translator.translate(sources, options, long=e.long_policy)
+                prepared = translator.prepare(sources, options, long=e.long_policy)
+                hyps = [line for chunk in translator.translate_prepared(
+                    prepared, options, batch_progress=lambda n, s=split: bar.advance(n, s)) for line in chunk]
                 seconds = time.perf_counter() - t0
                 atomic_write_text(out / f"{split}.hyp.{d.tgt_lang}", "".join(h + "\n" for h in hyps))
                 result = score(hyps, references, tokenize=bleu_tok)
-                metrics[split] = {k: round(float(result[k]), 4) for k in ("bleu", "chrf", "bleu_lc_tok")}
+                if e.moses_bleu:
+                    result |= _moses(layout, split, d.tgt_lang, hyps, references)
+                names = ("bleu", "chrf", "bleu_lc_tok") + (("bleu_moses_lc_tok",) if e.moses_bleu else ())
+                metrics[split] = {k: round(float(result[k]), 4) for k in names}
                 scores[split] = result
                 log.info("%s: BLEU %.2f chrF %.2f (%s) [%.1f s]", split, result["bleu"], result["chrf"],
                          result["bleu_signature"], seconds)
@@ -67,6 +84,17 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                                   f"{split}.chrf_signature": result["chrf_signature"]})
             atomic_write_json(out / "scores.json", scores)
         atomic_write_json(layout.eval_metrics, metrics)
+        layout.plots.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(layout.plots / "test_scores.json",
+                          [{"test_set": s, "bleu": m["bleu"], "chrf": m["chrf"]} for s, m in metrics.items()])
         tracker.log_artifacts(layout.eval, artifact_path="eval")
         tracker.log_artifact(layout.eval_metrics, artifact_path="eval")
     return metrics
+
+
+def _moses(layout: Layout, split: str, lang: str, hyps: list[str], references: list[str]) -> dict[str, Any]:
+    """``aiayn.moses_bleu.score_moses`` against the dataset's ``lc.norm.tok`` reference when ``aiayn fetch
+    --tok-references`` brought it (``data/multi30k/tok/``), else against our references put through the same steps."""
+    ref = tok_reference(layout.raw, split, lang)
+    tokenized = [line.rstrip("\n") for line in ref.read_text(encoding="utf-8").splitlines()] if ref.exists() else None
+    return score_moses(hyps, references, lang, tokenized_references=tokenized)

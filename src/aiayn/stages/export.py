@@ -8,32 +8,40 @@ the evaluate stage (same sacreBLEU settings). The bundle is deterministic bytes 
 clones, give the same ``dvc.lock`` hash), so the git commit is not in it: it goes into the card of
 the *registered* copy and the model version's tags, where it names the code that registered it.
 
-Registry (when tracking is on): the bundle is logged as an MLflow pyfunc model (input: sentences;
-output: translations), registered as ``aiayn-{src_lang}-{tgt_lang}`` (``aiayn.config.registered_model_name``;
-env ``AIAYN_REGISTERED_MODEL`` overrides), so champions never cross language pairs, and the alias ``champion`` moves to it only when its ``quantize.gate_split`` BLEU is >= the current
-champion's (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
+Registry (through the recorder ``run`` is handed; MLflow's when tracking is on): the bundle is logged
+as an MLflow pyfunc model (input: sentences; output: translations), registered as
+``aiayn-{src_lang}-{tgt_lang}`` (``aiayn.config.registered_model_name``; env ``AIAYN_REGISTERED_MODEL``
+overrides), so champions never cross language pairs, and the alias ``champion`` moves to it only
+when its ``quantize.gate_split`` BLEU is >= the current champion's of the same registered model
+(``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
+from aiayn.bundle import EAGER, read_model_config
 from aiayn.config import DataConfig, Params, corpus_identity, registered_model_name
-from aiayn.export import EAGER, build_bundle, register_bundle
+from aiayn.decoders import DecodeOptions
+from aiayn.export import build_bundle, register_bundle
+from aiayn.lineage import dvc_data_hashes, git_commit
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
+from aiayn.settings import Settings
 from aiayn.stages import Layout
-from aiayn.tracking import Tracker, dvc_data_hashes, git_commit
-from aiayn.translate import DecodeOptions, _read_model_config, max_source_tokens
+from aiayn.translate import max_source_tokens
 
-__all__ = ["run", "REGISTERED_MODEL"]
+__all__ = ["run", "REGISTERED_MODEL", "RECORD"]
 
 log = logging.getLogger("aiayn")
 
 #: Registered model name of the default pair (``aiayn.config.registered_model_name``: ``aiayn-{src}-{tgt}``
 #: from ``params.data``; env ``AIAYN_REGISTERED_MODEL`` overrides).
 REGISTERED_MODEL = registered_model_name(DataConfig())
+
+#: How an export run is recorded: the variant, the model card, the registered version.
+RECORD = StageRecord("export")
 
 
 def _read_json(path) -> Any:
@@ -73,13 +81,10 @@ def _limits(params: Params, max_source_tokens: int, corpus: dict[str, Any]) -> l
     ]
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Build ``artifacts/export`` and register it. Returns ``{variant, bundle, registered: {version, alias}|None}``.
-
-    Raises ``FileNotFoundError`` when an earlier stage's output is missing and
-    ``aiayn.export.BundleError`` when the chosen variant's files are incomplete.
-    """
-    q, e, d = params.quantize, params.evaluate, params.data
+def _shipped(params: Params, layout: Layout) -> tuple[str, str, dict[str, dict[str, Any]], dict[str, Any]]:
+    """``(variant, why, scores, quantize report)``: the variant that ships (``serving.json``; eager when
+    none passed the gate), why, and its scores per test split with evaluate's signatures."""
+    q, d = params.quantize, params.data
     serving = _read_json(layout.quantized / "serving.json")
     report = _read_json(layout.quantized / "report.json")
     eval_scores = _read_json(layout.eval / "scores.json")
@@ -95,11 +100,22 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         else:
             s = report["variants"][variant]["scores"][split]
             scores[split] = {"bleu": s["bleu"], "chrf": s["chrf"], "bleu_delta_vs_float": s["bleu_delta"]} | sigs
+    return variant, why, scores, report
+
+
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Build ``artifacts/export`` and register it through ``recorder``. Returns
+    ``{variant, bundle, registered: {version, alias}|None}`` (None: the recorder registered nothing).
+
+    Raises ``FileNotFoundError`` when an earlier stage's output is missing and
+    ``aiayn.export.BundleError`` when the chosen variant's files are incomplete.
+    """
+    q, e, d = params.quantize, params.evaluate, params.data
+    variant, why, scores, report = _shipped(params, layout)
     model_meta = _read_json(layout.model / "model.json")
-    decode = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                           max_len_b=e.max_len_b, max_tokens=e.max_tokens)
-    max_src = max_source_tokens(_read_model_config(layout.model / "model.json").max_side_tokens, decode)
-    name = registered_model_name(d, os.environ.get("AIAYN_REGISTERED_MODEL"))
+    decode = DecodeOptions.from_eval(e)
+    max_src = max_source_tokens(read_model_config(layout.model / "model.json").max_side_tokens, decode)
+    name = registered_model_name(d, Settings.from_env().registered_model_override)
     corpus = _corpus(layout, params)
     card = {
         "name": name,
@@ -109,6 +125,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
         "scores": scores,
         "gate": {"split": q.gate_split, "max_bleu_drop": q.max_bleu_drop},
         "corpus": corpus,
+        "training": {k: model_meta[k] for k in ("budget", "stopped_by", "step") if k in model_meta}
+                    | ({"selection": model_meta["selection"].get("notes", [])} if "selection" in model_meta else {}),
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
@@ -117,7 +135,8 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                                                 "artifacts/tokenized")}},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
-        "params": params.model_dump(mode="json", exclude={"monitor"}),
+        # (nor is the export block: it says which formats are written, not how the model was made)
+        "params": params.model_dump(mode="json", exclude={"monitor", "export"}),
         "limits": _limits(params, max_src, corpus),
         "max_source_tokens": max_src,
     }
@@ -126,9 +145,16 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
                  variant_dir=None if variant == EAGER else layout.quantized / variant,
                  compute_type=vinfo.get("compute_type"), decode=decode, card=card)
     log.info("export: %s bundle in %s (%s BLEU %.2f)", variant, layout.export, q.gate_split, scores[q.gate_split]["bleu"])
+    hf_dir = None
+    if "hf-marian" in params.export.formats:  # transformers is imported only when asked for
+        from aiayn.hf_marian import HF_MARIAN_DIR, export_marian
+
+        hf_dir = export_marian(layout.model, layout.export / HF_MARIAN_DIR, decode=decode, src_lang=d.src_lang,
+                               tgt_lang=d.tgt_lang)
+        log.info("export: Hugging Face Marian folder in %s", hf_dir)
 
     registered = None
-    with Tracker("export", project_root=layout.root) as tracker:
+    with recorder.start(RECORD) as tracker:
         tracker.set_tags({"export.variant": variant})
         tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
         commit, dirty = git_commit(layout.root)
@@ -138,5 +164,11 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
             provenance={"git_commit": commit, "git_dirty": dirty})
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
-    return {"variant": variant, "bundle": str(layout.export), "registered": registered}
+        if registered and hf_dir is not None and params.export.mlflow_transformers:
+            hf_version = tracker.register_transformers_model(
+                hf_dir, name=f"{name}-hf", alias=registered["alias"], task=f"translation_{d.src_lang}_to_{d.tgt_lang}",
+                example=["A man is riding a bicycle down the street."])
+            registered["transformers"] = {"name": f"{name}-hf", "version": hf_version}
+    return {"variant": variant, "bundle": str(layout.export), "registered": registered,
+            "hf_marian": None if hf_dir is None else str(hf_dir)}
 

@@ -32,6 +32,7 @@ from aiayn.corpus import CorpusError
 from aiayn.data.hygiene import EvalChecks, LanguageId, TrainRules, check_overlaps
 from aiayn.data.sources import load_manifest, manifest_matches, multi30k_manifest, split_reader
 from aiayn.io import atomic_dir, atomic_write_json
+from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout
 
 __all__ = ["run", "raw_path", "source", "report_metrics"]
@@ -63,9 +64,10 @@ def source(params: Params, layout: Layout) -> tuple[Path, dict[str, Any]]:
     return layout.raw, multi30k_manifest(layout.raw, data)
 
 
-def run(params: Params, layout: Layout) -> dict:
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict:
     """Run the stage; return the per-split report (also ``prepared/report.json``; the whole report is
-    ``layout.prepare_report``).
+    ``layout.prepare_report``). ``recorder`` records nothing of this stage (no run of its own: the
+    report is a DVC metric).
 
     Raises ``CorpusError``: raw files missing (telling the user to run ``aiayn fetch``) or malformed
     (file + line), misaligned files, an empty line or control character in a valid/test split, splits

@@ -27,41 +27,78 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from aiayn.config import Params
+from aiayn.bundle import EAGER, ModelBundle
+from aiayn.config import EOS_ID, Params
 from aiayn.corpus import read_lines
+from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder
+from aiayn.progress import Progress
 from aiayn.io import atomic_dir, atomic_write_json
-from aiayn.quantize.checks import ACCEPTED, FAILED, SKIPPED, degenerate_lines, gate
-from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported, load_bundle
-from aiayn.quantize.ct2_translate import CT2Translator
-from aiayn.quantize.eager import eager_logprobs, eager_translate_ids
+from aiayn.model import Transformer
+from aiayn.quantize.checks import ACCEPTED, FAILED, REJECTED, SKIPPED, degenerate_lines, gate
+from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported
+from aiayn.quantize.int8 import ACCUMULATIONS, decode_under, int8_accumulation
 from aiayn.quantize.fake_quant import LAYER_TYPES, with_fake_int8
 from aiayn.quantize.outliers import activation_stats, write_report
 from aiayn.quantize.throughput import measure, thread_count
-from aiayn.quantize.variants import VARIANTS, build_ct2, build_torchao, dir_bytes, unavailable_reason
+from aiayn.quantize.variants import VARIANTS, Variant, build_ct2, build_torchao, dir_bytes, unavailable_reason
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.scoring import score
 from aiayn.stages import Layout
-from aiayn.tracking import Tracker
-from aiayn.translate import MAX_INPUT_TOKENS, DecodeOptions, Translator
+from aiayn.tokenizer import Tokenizer
+from aiayn.translate import Translator
 
-__all__ = ["run", "QuantizeError"]
+__all__ = ["run", "QuantizeError", "RECORD"]
 
 log = logging.getLogger("aiayn")
 
-EAGER = "eager-float32"
+#: How a quantize run is recorded: a variant's BLEU is not the pipeline run's headline (evaluate's is).
+RECORD = StageRecord("quantize")
 
 #: Alternating measurement rounds of ``_throughput`` (median and min-max reported).
 THROUGHPUT_ROUNDS = 3
 
+#: The parity reference of every CTranslate2 variant (built first whenever one is asked for).
+CT2_REFERENCE = "ct2-float32"
+
+#: Longest source (tokens with EOS) of a sentence pair ``_pairs`` takes for the teacher-forced score
+#: check and the outlier calibration: keeps those one-sentence forward passes small (far above any
+#: Multi30k source, so no pair is skipped there).
+SAMPLE_MAX_SOURCE_TOKENS = 256
+
 
 class QuantizeError(RuntimeError):
     """The conversion is wrong (teacher-forced scores differ from the eager model's)."""
+
+
+@dataclass
+class _Run:
+    """What the stage's steps share: the eager float model (CPU) and its decoder, the decoding options,
+    the test sets (``split -> (sources with EOS, references)``), and what they measured so far:
+    ``report`` (report.json), ``metrics`` (quantize_metrics.json), wall-clock ``timings`` (seconds),
+    the eager outputs and scores, the built CTranslate2 decoders and every variant's output ids."""
+
+    params: Params
+    layout: Layout
+    model: Transformer
+    tokenizer: Tokenizer
+    eager: EagerDecoder
+    options: DecodeOptions
+    threads: int
+    tests: dict[str, tuple[list[np.ndarray], list[str]]]
+    report: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    eager_out: dict[str, list[list[int]]] = field(default_factory=dict)
+    eager_scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    ct2: dict[str, CT2Decoder] = field(default_factory=dict)
+    outputs: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
 
 
 def _bleu_chrf(tokenizer, outs: list[list[int]], refs: list[str]) -> dict[str, float]:
@@ -70,178 +107,247 @@ def _bleu_chrf(tokenizer, outs: list[list[int]], refs: list[str]) -> dict[str, f
 
 
 def _pairs(tokenizer, src_lines: list[str], tgt_lines: list[str], n: int) -> tuple[list[np.ndarray], list[list[int]]]:
-    """The first ``n`` pairs whose source fits ``MAX_INPUT_TOKENS``: (sources with EOS, target ids)."""
+    """The first ``n`` pairs whose source fits ``SAMPLE_MAX_SOURCE_TOKENS`` and whose target is not
+    empty: (sources with EOS, target ids)."""
     srcs, tgts = [], []
     for s, t in zip(tokenizer.encode(src_lines[: 4 * n]), tokenizer.encode(tgt_lines[: 4 * n])):
-        if len(s) + 1 <= MAX_INPUT_TOKENS and t:
-            srcs.append(np.asarray(s + [3], dtype=np.int64))
+        if len(s) + 1 <= SAMPLE_MAX_SOURCE_TOKENS and t:
+            srcs.append(np.asarray(s + [EOS_ID], dtype=np.int64))
             tgts.append(t)
         if len(srcs) == n:
             break
     return srcs, tgts
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Build, evaluate and gate every ``params.quantize.variants``; returns the per-variant summary."""
-    q, d, e = params.quantize, params.data, params.evaluate
-    if q.gate_split not in d.test_splits:
-        raise ValueError(f"quantize.gate_split={q.gate_split!r} is not one of data.test_splits {list(d.test_splits)}")
-    model, tokenizer, _meta = load_bundle(layout.model)
-    max_pos = model.cfg.max_positions
-    encoder = Translator(model, tokenizer)
-    options = DecodeOptions(beam_size=e.beam_size, len_penalty=e.len_penalty, max_len_a=e.max_len_a,
-                            max_len_b=e.max_len_b, max_tokens=e.max_tokens)
-    greedy = replace(options, beam_size=1)
-    threads = q.num_threads or torch.get_num_threads()
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Build, evaluate and gate every ``params.quantize.variants``; record params, metrics, statuses and
+    reports into ``recorder``; returns the per-variant summary."""
+    q = params.quantize
+    if q.gate_split not in params.data.test_splits:
+        raise ValueError(f"quantize.gate_split={q.gate_split!r} is not one of data.test_splits "
+                         f"{list(params.data.test_splits)}")
     t_start = time.perf_counter()
-
-    tests = {}
-    for split in d.test_splits:
-        refs = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
-        tests[split] = (encoder.encode(read_lines(layout.prepared / f"{split}.{d.src_lang}")), refs)
-
-    report: dict[str, Any] = {"decode": options.__dict__ | {"threads": threads}, "gate": {
-        "split": q.gate_split, "max_bleu_drop": q.max_bleu_drop}, "variants": {}}
-    metrics: dict[str, Any] = {}
-    timings: dict[str, float] = {}
-
-    # ---------------------------------------------------------------- eager float reference
-    with thread_count(threads):
-        t0 = time.perf_counter()
-        eager_out = {s: eager_translate_ids(model, srcs, options) for s, (srcs, _) in tests.items()}
-        timings[EAGER] = time.perf_counter() - t0
-    eager_scores = {s: _bleu_chrf(tokenizer, eager_out[s], tests[s][1]) for s in tests}
-    metrics[EAGER] = {s: v for s, v in eager_scores.items()} | {"bytes": (layout.model / "model.safetensors").stat().st_size}
-    log.info("eager float: %s [%.1f s]", eager_scores, timings[EAGER])
-    report["eager_vs_evaluate"] = _against_evaluate(layout.eval_metrics, eager_scores)
-
-    wanted = list(q.variants)
-    if any(VARIANTS[v].library == "ctranslate2" for v in wanted) and "ct2-float32" not in wanted:
-        wanted.insert(0, "ct2-float32")  # the parity reference of every CTranslate2 variant
-
-    translators: dict[str, CT2Translator] = {}
-    outputs: dict[str, dict[str, list[list[int]]]] = {}
-    with Tracker("quantize", project_root=layout.root) as tracker:
+    st = _start(params, layout)
+    _eager_reference(st)
+    wanted = _wanted(q.variants)
+    phases = len(wanted) + 3 + int(q.layer_attribution) + int(q.throughput)  # variants, parity, outliers, ..., serving
+    with recorder.start(RECORD) as tracker, Progress("quantize", phases, unit="phase") as bar:
         tracker.log_params({f"quantize.{k}": v for k, v in q.model_dump(mode="json").items()})
         with atomic_dir(layout.quantized) as out:
             for name in wanted:
-                v = VARIANTS[name]
-                entry: dict[str, Any] = v.metadata()
-                reason = unavailable_reason(v)
-                if not reason and v.library == "ctranslate2":
-                    try:
-                        check_supported(model.cfg)  # e.g. rope/alibi/rmsnorm: no CTranslate2 mapping
-                    except UnsupportedModelError as err:
-                        reason = f"not convertible to CTranslate2: {err}"
-                if reason:
-                    entry |= {"status": SKIPPED, "reason": reason}
-                    report["variants"][name] = entry
-                    metrics[name] = {"status": SKIPPED, "rejected": 0}
-                    log.info("%s: skipped (%s)", name, reason)
-                    continue
-                vdir = out / name
-                try:
-                    if v.library == "ctranslate2":
-                        build_ct2(v, model, tokenizer, vdir, layout.model / "spm.model")
-                        tr = CT2Translator(vdir, tokenizer, max_positions=max_pos, device=v.device,
-                                           compute_type=v.compute_type, inter_threads=threads)
-                        translators[name] = tr
-                        decode = lambda srcs, o=options, tr=tr: tr.translate_ids(srcs, o)  # noqa: E731
-                    else:
-                        qm = build_torchao(v, model, vdir, layout.model / "spm.model")
-                        decode = lambda srcs, o=options, qm=qm: eager_translate_ids(qm, srcs, o)  # noqa: E731
-                except Exception as err:  # noqa: BLE001 - a GPU library failing must not hide the CPU results
-                    if v.library == "ctranslate2" and v.device == "cpu":
-                        raise
-                    entry |= {"status": FAILED, "reason": f"{type(err).__name__}: {err}"}
-                    report["variants"][name] = entry
-                    metrics[name] = {"status": FAILED, "rejected": 0}
-                    log.warning("%s: failed to build: %s", name, err)
-                    continue
-
-                if name == "ct2-float32":
-                    report["score_check"] = _score_check(params, layout, model, tokenizer, tr)
-                    if not report["score_check"]["passed"]:
-                        raise QuantizeError(
-                            f"ct2-float32 teacher-forced log-probs differ from the eager model's by "
-                            f"{report['score_check']['max_abs_diff']:.3g} > quantize.score_tolerance={q.score_tolerance}: "
-                            "the conversion is wrong (position table order? pre/post-norm mapping?)"
-                        )
-                t0 = time.perf_counter()
-                outputs[name] = {s: decode(srcs) for s, (srcs, _) in tests.items()}
-                timings[name] = time.perf_counter() - t0
-                vm: dict[str, Any] = {}
-                for s in tests:
-                    sc = _bleu_chrf(tokenizer, outputs[name][s], tests[s][1])
-                    vm[s] = sc | {"bleu_delta": round(sc["bleu"] - eager_scores[s]["bleu"], 4),
-                                  "chrf_delta": round(sc["chrf"] - eager_scores[s]["chrf"], 4)}
-                bad = {s: degenerate_lines(outputs[name][s], eager_out[s]) for s in tests}
-                status = gate(vm[q.gate_split]["bleu_delta"], q.max_bleu_drop)
-                model_bytes = dir_bytes(vdir) - (vdir / "spm.model").stat().st_size
-                vm |= {"status": status, "rejected": int(status != ACCEPTED), "bytes": model_bytes,
-                       "degenerate_lines": sum(len(b) for b in bad.values())}
-                entry |= {"status": status, "bytes": model_bytes, "scores": {s: vm[s] for s in tests},
-                          "degenerate_lines": {s: b[:20] for s, b in bad.items()}}
-                atomic_write_json(vdir / "variant.json", entry)
-                report["variants"][name] = entry
-                metrics[name] = vm
-                log.info("%s: %s BLEU %s (delta %+.2f) %d bytes [%.1f s]", name, status, vm[q.gate_split]["bleu"],
-                         vm[q.gate_split]["bleu_delta"], model_bytes, timings[name])
-
-            if "ct2-float32" in translators:
-                report["parity"] = _parity(model, tokenizer, translators["ct2-float32"], tests[q.gate_split][0],
-                                           greedy, q.parity_min_agreement, eager_out[q.gate_split],
-                                           outputs["ct2-float32"][q.gate_split])
-                metrics["parity"] = {k: report["parity"][k] for k in ("greedy_agreement", "beam_agreement", "passed")}
-                metrics["parity"]["passed"] = int(metrics["parity"]["passed"])
-
-            calib = _pairs(tokenizer, read_lines(layout.prepared / f"{d.train_split}.{d.src_lang}"),
-                           read_lines(layout.prepared / f"{d.train_split}.{d.tgt_lang}"), q.calibration_sentences)
-            with thread_count(threads):
-                stats = activation_stats(model, *calib, factor=q.outlier_factor)
-            write_report(stats, out / "outliers", factor=q.outlier_factor)
-            report["outliers"] = {s.layer: {"outlier_channels": s.outlier_channels, "top_ratio": round(s.top_ratio, 3)}
-                                  for s in stats}
-            metrics["outlier_channels"] = sum(s.outlier_channels for s in stats)
-
-            if q.layer_attribution and "ct2-float32" in translators:
-                report["layer_attribution"] = _attribution(model, tokenizer, q.gate_split, tests[q.gate_split], options, threads,
-                                                           q.attribution_sentences, outputs)
-
+                _variant(st, name, out / name)
+                bar.advance(1, f"{name}: {st.report['variants'].get(name, {}).get('status', '?')}")
+            if CT2_REFERENCE in st.ct2:
+                _parity(st)
+            bar.advance(1, "parity")
+            _outliers(st, out / "outliers")
+            bar.advance(1, "outliers")
+            if q.layer_attribution and CT2_REFERENCE in st.ct2:
+                st.report["layer_attribution"] = _attribution(st)
+            if q.layer_attribution:
+                bar.advance(1, "layer attribution")
             wall: dict[str, Any] = {}  # wall-clock: quantize_throughput.json and MLflow, never a DVC out
             if q.throughput:
-                wall["throughput"] = _throughput(model, translators, tests[q.gate_split][0], options, q)
-
-            serving = next((n for n in q.serving_preference
-                            if report["variants"].get(n, {}).get("status") == ACCEPTED), None)
-            report["serving_default"] = serving
-            metrics["serving_default"] = serving
-            atomic_write_json(out / "serving.json", {"variant": serving, "why": "first accepted variant of "
-                                                     f"quantize.serving_preference {list(q.serving_preference)}"})
-            atomic_write_json(out / "report.json", report)
+                wall["throughput"] = _throughput(st)
+                bar.advance(1, "throughput")
+            serving = _serving_default(st, out / "serving.json")
+            atomic_write_json(out / "report.json", st.report)
+            bar.advance(1, f"serving default: {serving}")
 
         wall["stage_seconds"] = round(time.perf_counter() - t_start, 1)
-        wall["decode_seconds"] = {k: round(v, 2) for k, v in timings.items()}
-        atomic_write_json(layout.quantize_metrics, metrics)
+        wall["decode_seconds"] = {k: round(v, 2) for k, v in st.timings.items()}
+        atomic_write_json(layout.quantize_metrics, st.metrics)
         atomic_write_json(layout.quantize_throughput, wall)
 
-        flat = {"stage_seconds": wall["stage_seconds"]}
-        for name, vm in [*metrics.items(), *wall.get("throughput", {}).items()]:
-            if isinstance(vm, dict):
-                for k, val in vm.items():
-                    if isinstance(val, dict):
-                        flat |= {f"{name}.{k}.{kk}": vv for kk, vv in val.items() if isinstance(vv, (int, float))}
-                    elif isinstance(val, (int, float)):
-                        flat[f"{name}.{k}"] = val
-        tracker.log_metrics(flat, step=0)
+        tracker.log_metrics(_flat_metrics(st.metrics, wall), step=0)
         tracker.set_tags({"quantize.serving_default": str(serving)} |
-                         {f"quantize.{n}.status": r["status"] for n, r in report["variants"].items()})
+                         {f"quantize.{n}.status": r["status"] for n, r in st.report["variants"].items()})
         tracker.log_artifacts(layout.quantized / "outliers", artifact_path="quantize/outliers")
         tracker.log_artifact(layout.quantized / "report.json", artifact_path="quantize")
         tracker.log_artifact(layout.quantize_metrics, artifact_path="quantize")
         tracker.log_artifact(layout.quantize_throughput, artifact_path="quantize")
     return {n: {"status": r["status"]} | ({"bleu_delta": r["scores"][q.gate_split]["bleu_delta"]} if "scores" in r else {})
-            for n, r in report["variants"].items()} | {"serving_default": serving}
+            for n, r in st.report["variants"].items()} | {"serving_default": serving}
+
+
+def _start(params: Params, layout: Layout) -> _Run:
+    """The eager float model on CPU, the decoding options (the ``evaluate`` block), the encoded test
+    sets and the report's fixed fields."""
+    q, d = params.quantize, params.data
+    bundle = ModelBundle.load(layout.model, device="cpu")
+    eager = EagerDecoder(bundle.model)
+    options = DecodeOptions.from_eval(params.evaluate)
+    threads = q.num_threads or torch.get_num_threads()
+    encoder = Translator(bundle.tokenizer, eager)
+    tests = {}
+    for split in d.test_splits:
+        refs = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
+        tests[split] = (encoder.encode(read_lines(layout.prepared / f"{split}.{d.src_lang}")), refs)
+    report: dict[str, Any] = {"decode": options.__dict__ | {"threads": threads}, "gate": {
+        "split": q.gate_split, "max_bleu_drop": q.max_bleu_drop}, "variants": {}}
+    return _Run(params, layout, bundle.model, bundle.tokenizer, eager, options, threads, tests, report)
+
+
+def _eager_reference(st: _Run) -> None:
+    """Decode every test set with the eager float model (``threads`` torch threads): the reference of
+    every variant's deltas, checked against the ``evaluate`` stage's scores."""
+    with thread_count(st.threads):
+        t0 = time.perf_counter()
+        st.eager_out = {s: st.eager.translate_ids(srcs, st.options) for s, (srcs, _) in st.tests.items()}
+        st.timings[EAGER] = time.perf_counter() - t0
+    st.eager_scores = {s: _bleu_chrf(st.tokenizer, st.eager_out[s], st.tests[s][1]) for s in st.tests}
+    st.metrics[EAGER] = dict(st.eager_scores) | {"bytes": (st.layout.model / "model.safetensors").stat().st_size}
+    log.info("eager float: %s [%.1f s]", st.eager_scores, st.timings[EAGER])
+    st.report["eager_vs_evaluate"] = _against_evaluate(st.layout.eval_metrics, st.eager_scores)
+
+
+def _wanted(variants: tuple[str, ...]) -> list[str]:
+    """``variants`` in order, with ``CT2_REFERENCE`` first when a CTranslate2 variant is asked for without it."""
+    wanted = list(variants)
+    if any(VARIANTS[v].library == "ctranslate2" for v in wanted) and CT2_REFERENCE not in wanted:
+        wanted.insert(0, CT2_REFERENCE)
+    return wanted
+
+
+def _not_built(st: _Run, name: str, entry: dict[str, Any], status: str, reason: str) -> None:
+    entry |= {"status": status, "reason": reason}
+    st.report["variants"][name] = entry
+    st.metrics[name] = {"status": status, "rejected": 0}
+
+
+def _build(st: _Run, v: Variant, vdir: Path, entry: dict[str, Any]) -> CT2Decoder | EagerDecoder | None:
+    """Build variant ``v`` into ``vdir`` and return its decoder; None (recorded as skipped or failed)
+    when it cannot run here. A CPU CTranslate2 variant failing to build raises: that is our bug."""
+    reason = unavailable_reason(v)
+    if not reason and v.library == "ctranslate2":
+        try:
+            check_supported(st.model.cfg)  # e.g. rope/alibi/rmsnorm: no CTranslate2 mapping
+        except UnsupportedModelError as err:
+            reason = f"not convertible to CTranslate2: {err}"
+    if reason:
+        _not_built(st, v.name, entry, SKIPPED, reason)
+        log.info("%s: skipped (%s)", v.name, reason)
+        return None
+    try:
+        if v.library == "ctranslate2":
+            build_ct2(v, st.model, st.tokenizer, vdir, st.layout.model / "spm.model")
+            decoder = CT2Decoder(vdir, st.tokenizer, max_side_tokens=st.model.max_side_tokens, device=v.device,
+                                 compute_type=v.compute_type, inter_threads=st.threads)
+            st.ct2[v.name] = decoder
+            return decoder
+        return EagerDecoder(build_torchao(v, st.model, vdir, st.layout.model / "spm.model"))
+    except Exception as err:  # noqa: BLE001 - a GPU library failing must not hide the CPU results
+        if v.library == "ctranslate2" and v.device == "cpu":
+            raise
+        _not_built(st, v.name, entry, FAILED, f"{type(err).__name__}: {err}")
+        log.warning("%s: failed to build: %s", v.name, err)
+        return None
+
+
+def _variant(st: _Run, name: str, vdir: Path) -> None:
+    """Build variant ``name``, decode every test set with it, score it against the eager reference and
+    gate it on ``quantize.gate_split``: ``vdir/variant.json`` and the variant's report and metrics
+    entries. ``CT2_REFERENCE`` passes the teacher-forced score check first (``QuantizeError``)."""
+    q = st.params.quantize
+    entry: dict[str, Any] = VARIANTS[name].metadata()
+    decoder = _build(st, VARIANTS[name], vdir, entry)
+    if decoder is None:
+        return
+    if name == CT2_REFERENCE:
+        _score_check(st, decoder)
+    t0 = time.perf_counter()
+    st.outputs[name] = {s: decoder.translate_ids(srcs, st.options) for s, (srcs, _) in st.tests.items()}
+    st.timings[name] = time.perf_counter() - t0
+    vm: dict[str, Any] = {}
+    for s in st.tests:
+        sc = _bleu_chrf(st.tokenizer, st.outputs[name][s], st.tests[s][1])
+        vm[s] = sc | {"bleu_delta": round(sc["bleu"] - st.eager_scores[s]["bleu"], 4),
+                      "chrf_delta": round(sc["chrf"] - st.eager_scores[s]["chrf"], 4)}
+    bad = {s: degenerate_lines(st.outputs[name][s], st.eager_out[s]) for s in st.tests}
+    status = gate(vm[q.gate_split]["bleu_delta"], q.max_bleu_drop)
+    if isinstance(decoder, CT2Decoder) and decoder.compute_type.startswith("int8") and VARIANTS[name].device == "cpu":
+        entry["int8_sums"] = _int8_sums_gate(st, name, decoder, vdir)
+        if any(g.get("status") == REJECTED for g in entry["int8_sums"]["gated"].values()):
+            status = REJECTED
+    model_bytes = dir_bytes(vdir) - (vdir / "spm.model").stat().st_size
+    vm |= {"status": status, "rejected": int(status != ACCEPTED), "bytes": model_bytes,
+           "degenerate_lines": sum(len(b) for b in bad.values())}
+    entry |= {"status": status, "bytes": model_bytes, "scores": {s: vm[s] for s in st.tests},
+              "degenerate_lines": {s: b[:20] for s, b in bad.items()}}
+    atomic_write_json(vdir / "variant.json", entry)
+    st.report["variants"][name] = entry
+    st.metrics[name] = vm
+    log.info("%s: %s BLEU %s (delta %+.2f) %d bytes [%.1f s]", name, status, vm[q.gate_split]["bleu"],
+             vm[q.gate_split]["bleu_delta"], model_bytes, st.timings[name])
+
+
+def _int8_sums_gate(st: _Run, name: str, decoder: CT2Decoder, vdir: Path) -> dict[str, Any]:
+    """The gate split decoded under BOTH ways an x86 CPU's CTranslate2 sums int8 products
+    (``aiayn.quantize.int8``: exact with VNNI; int16-saturating with oneDNN on CPUs without VNNI, e.g.
+    AMD Zen 2/3): this host's way is the stage's own decode; the other one runs in a subprocess set to
+    compute it. The bundle may be served on either kind of host, so the variant passes only when it
+    passes the gate both ways. Returns ``{"this_host": ..., "gated": {way: {bleu, bleu_delta, status} or
+    {status: skipped, reason}}}``."""
+    q = st.params.quantize
+    host = int8_accumulation()
+    srcs, refs = st.tests[q.gate_split]
+    base = st.eager_scores[q.gate_split]["bleu"]
+    gated: dict[str, Any] = {}
+    for way in ACCUMULATIONS:
+        if way == host["accumulation"]:
+            ids = st.outputs[name][q.gate_split]
+        else:
+            ids, other = decode_under(way, vdir, srcs, st.options, max_side_tokens=st.model.max_side_tokens,
+                                      compute_type=decoder.compute_type, inter_threads=st.threads)
+            if ids is None:
+                gated[way] = {"status": SKIPPED, "reason": f"this host cannot compute it ({other['why']})"}
+                log.warning("int8 sums %s: not measurable here (%s)", way, other["why"])
+                continue
+        bleu = _bleu_chrf(st.tokenizer, ids, refs)["bleu"]
+        delta = round(bleu - base, 4)
+        gated[way] = {"bleu": bleu, "bleu_delta": delta, "status": gate(delta, q.max_bleu_drop)}
+        log.info("int8 sums %s: BLEU %.2f (delta %+.2f) on %s", way, bleu, delta, q.gate_split)
+    return {"this_host": host, "gated": gated}
+
+
+def _outliers(st: _Run, out_dir: Path) -> None:
+    """Per-channel activation statistics of the eager model on ``quantize.calibration_sentences`` train
+    pairs: the outlier report in ``out_dir`` and its summary in the report and metrics."""
+    q, d = st.params.quantize, st.params.data
+    calib = _pairs(st.tokenizer, read_lines(st.layout.prepared / f"{d.train_split}.{d.src_lang}"),
+                   read_lines(st.layout.prepared / f"{d.train_split}.{d.tgt_lang}"), q.calibration_sentences)
+    with thread_count(st.threads):
+        stats = activation_stats(st.model, *calib, factor=q.outlier_factor)
+    write_report(stats, out_dir, factor=q.outlier_factor)
+    st.report["outliers"] = {s.layer: {"outlier_channels": s.outlier_channels, "top_ratio": round(s.top_ratio, 3)}
+                             for s in stats}
+    st.metrics["outlier_channels"] = sum(s.outlier_channels for s in stats)
+
+
+def _serving_default(st: _Run, path: Path) -> str | None:
+    """The first accepted variant of ``quantize.serving_preference`` (None: the eager model ships),
+    written to ``path`` (``serving.json``) and into the report and metrics."""
+    q = st.params.quantize
+    serving = next((n for n in q.serving_preference
+                    if st.report["variants"].get(n, {}).get("status") == ACCEPTED), None)
+    st.report["serving_default"] = serving
+    st.metrics["serving_default"] = serving
+    atomic_write_json(path, {"variant": serving, "why": "first accepted variant of "
+                                                        f"quantize.serving_preference {list(q.serving_preference)}"})
+    return serving
+
+
+def _flat_metrics(metrics: dict[str, Any], wall: dict[str, Any]) -> dict[str, float]:
+    """``metrics`` and the throughput numbers as flat ``{variant.key[.subkey]: number}`` for the tracker."""
+    flat = {"stage_seconds": wall["stage_seconds"]}
+    for name, vm in [*metrics.items(), *wall.get("throughput", {}).items()]:
+        if isinstance(vm, dict):
+            for k, val in vm.items():
+                if isinstance(val, dict):
+                    flat |= {f"{name}.{k}.{kk}": vv for kk, vv in val.items() if isinstance(vv, (int, float))}
+                elif isinstance(val, (int, float)):
+                    flat[f"{name}.{k}"] = val
+    return flat
 
 
 def _against_evaluate(path: Path, eager_scores: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -268,83 +374,108 @@ def _against_evaluate(path: Path, eager_scores: dict[str, dict[str, float]]) -> 
     return out
 
 
-def _score_check(params: Params, layout: Layout, model, tokenizer, tr: CT2Translator) -> dict[str, Any]:
-    """Teacher-forced log-probs, CTranslate2 vs. eager, per token on a valid-split slice."""
-    d, q = params.data, params.quantize
-    srcs, tgts = _pairs(tokenizer, read_lines(layout.prepared / f"{d.valid_split}.{d.src_lang}"),
-                        read_lines(layout.prepared / f"{d.valid_split}.{d.tgt_lang}"), q.score_check_sentences)
-    ours = eager_logprobs(model, srcs, tgts)
-    theirs = tr.score_ids(srcs, tgts)
+def _score_check(st: _Run, ct2: CT2Decoder) -> None:
+    """Teacher-forced log-probs, CTranslate2 (``ct2``: ``CT2_REFERENCE``) vs. eager, per token on a
+    valid-split slice, into the report; raises ``QuantizeError`` over ``quantize.score_tolerance``."""
+    d, q = st.params.data, st.params.quantize
+    srcs, tgts = _pairs(st.tokenizer, read_lines(st.layout.prepared / f"{d.valid_split}.{d.src_lang}"),
+                        read_lines(st.layout.prepared / f"{d.valid_split}.{d.tgt_lang}"), q.score_check_sentences)
+    ours = st.eager.score_ids(srcs, tgts)
+    theirs = ct2.score_ids(srcs, tgts)
     diff = max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs))
-    return {"sentences": len(srcs), "max_abs_diff": diff, "tolerance": q.score_tolerance, "passed": diff <= q.score_tolerance}
+    st.report["score_check"] = {"sentences": len(srcs), "max_abs_diff": diff, "tolerance": q.score_tolerance,
+                                "passed": diff <= q.score_tolerance}
+    if not st.report["score_check"]["passed"]:
+        raise QuantizeError(
+            f"{CT2_REFERENCE} teacher-forced log-probs differ from the eager model's by {diff:.3g} > "
+            f"quantize.score_tolerance={q.score_tolerance}: the conversion is wrong (position table order? "
+            "pre/post-norm mapping?)"
+        )
 
 
-def _parity(model, tokenizer, tr, sources, greedy, min_agreement, eager_beam, ct2_beam) -> dict[str, Any]:
-    """ct2-float32 vs. eager: greedy token-for-token agreement (mismatches with the log-prob gap under
-    the eager model) and beam agreement with our GNMT re-ranking."""
-    ours = eager_translate_ids(model, sources, greedy)
-    theirs = tr.translate_ids(sources, greedy)
+def _parity(st: _Run) -> None:
+    """``CT2_REFERENCE`` vs. eager on ``quantize.gate_split``, into the report and metrics: greedy
+    token-for-token agreement (mismatches with the log-prob gap under the eager model) and beam
+    agreement with our GNMT re-ranking."""
+    q = st.params.quantize
+    sources, ct2 = st.tests[q.gate_split][0], st.ct2[CT2_REFERENCE]
+    greedy = replace(st.options, beam_size=1)
+    ours = st.eager.translate_ids(sources, greedy)
+    theirs = ct2.translate_ids(sources, greedy)
     diff = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
     mism = []
     for i in diff[:20]:
-        lp_ours, lp_theirs = (float(x.sum()) for x in eager_logprobs(model, [sources[i]] * 2, [ours[i], theirs[i]]))
+        lp_ours, lp_theirs = (float(x.sum()) for x in st.eager.score_ids([sources[i]] * 2, [ours[i], theirs[i]]))
         mism.append({"line": i + 1, "logprob_gap": round(lp_ours - lp_theirs, 6),
-                     "eager": tokenizer.decode([ours[i]])[0], "ct2": tokenizer.decode([theirs[i]])[0]})
+                     "eager": st.tokenizer.decode([ours[i]])[0], "ct2": st.tokenizer.decode([theirs[i]])[0]})
     agree = 1 - len(diff) / len(sources)
+    eager_beam, ct2_beam = st.eager_out[q.gate_split], st.outputs[CT2_REFERENCE][q.gate_split]
     beam_agree = sum(a == b for a, b in zip(eager_beam, ct2_beam)) / len(sources)
-    return {"greedy_agreement": round(agree, 5), "beam_agreement": round(beam_agree, 5), "sentences": len(sources),
-            "passed": agree >= min_agreement, "min_agreement": min_agreement, "mismatches": mism}
+    st.report["parity"] = {"greedy_agreement": round(agree, 5), "beam_agreement": round(beam_agree, 5),
+                           "sentences": len(sources), "passed": agree >= q.parity_min_agreement,
+                           "min_agreement": q.parity_min_agreement, "mismatches": mism}
+    st.metrics["parity"] = {k: st.report["parity"][k] for k in ("greedy_agreement", "beam_agreement", "passed")}
+    st.metrics["parity"]["passed"] = int(st.metrics["parity"]["passed"])
 
 
-def _attribution(model, tokenizer, split, test, options, threads, n, outputs) -> dict[str, Any]:
+def _attribution(st: _Run) -> dict[str, Any]:
     """BLEU change of CTranslate2's int8 weight rounding applied to one layer type at a time (decoded by
-    CTranslate2 in float32, so only that type's weights differ from ct2-float32), on the first ``n``
-    gate-split sentences; ``all`` = every type at once (weights only: the rest of the real int8 loss
-    comes from int8 activations)."""
-    srcs, refs = test[0][:n], test[1][:n]
-    ref_bleu = _bleu_chrf(tokenizer, outputs["ct2-float32"][split][:n], refs)["bleu"]
-    res: dict[str, Any] = {"sentences": len(srcs), "ct2-float32_bleu": ref_bleu}
-    if "ct2-int8" in outputs:
-        res["ct2-int8_bleu_delta"] = round(_bleu_chrf(tokenizer, outputs["ct2-int8"][split][:n], refs)["bleu"] - ref_bleu, 4)
+    CTranslate2 in float32, so only that type's weights differ from ct2-float32), on the first
+    ``quantize.attribution_sentences`` gate-split sentences; ``all`` = every type at once (weights
+    only: the rest of the real int8 loss comes from int8 activations)."""
+    split, n = st.params.quantize.gate_split, st.params.quantize.attribution_sentences
+    srcs, refs = st.tests[split][0][:n], st.tests[split][1][:n]
+    ref_bleu = _bleu_chrf(st.tokenizer, st.outputs[CT2_REFERENCE][split][:n], refs)["bleu"]
+    res: dict[str, Any] = {"sentences": len(srcs), f"{CT2_REFERENCE}_bleu": ref_bleu}
+    if "ct2-int8" in st.outputs:
+        int8_bleu = _bleu_chrf(st.tokenizer, st.outputs["ct2-int8"][split][:n], refs)["bleu"]
+        res["ct2-int8_bleu_delta"] = round(int8_bleu - ref_bleu, 4)
     with tempfile.TemporaryDirectory() as tmp:
         for lt in (*LAYER_TYPES, "all"):
-            fq = with_fake_int8(model, LAYER_TYPES if lt == "all" else (lt,))
-            AiaynConverter(fq, tokenizer).convert(str(Path(tmp) / lt), quantization="float32", force=True)
-            tr = CT2Translator(Path(tmp) / lt, tokenizer, max_positions=model.cfg.max_positions, inter_threads=threads)
-            bleu = _bleu_chrf(tokenizer, tr.translate_ids(srcs, options), refs)["bleu"]
+            fq = with_fake_int8(st.model, LAYER_TYPES if lt == "all" else (lt,))
+            AiaynConverter(fq, st.tokenizer).convert(str(Path(tmp) / lt), quantization="float32", force=True)
+            ct2 = CT2Decoder(Path(tmp) / lt, st.tokenizer, max_side_tokens=st.model.max_side_tokens,
+                             inter_threads=st.threads)
+            bleu = _bleu_chrf(st.tokenizer, ct2.translate_ids(srcs, st.options), refs)["bleu"]
             res[lt] = {"bleu": bleu, "bleu_delta": round(bleu - ref_bleu, 4)}
     return res
 
 
-def _throughput(model, translators, sources, options, q) -> dict[str, Any]:
+def _throughput(st: _Run) -> dict[str, Any]:
     """Sentences/s and target tokens/s at batch 1 and 32 for each thread count: eager and every CPU
-    CTranslate2 variant on the same slices, ``THROUGHPUT_ROUNDS`` alternating rounds (eager, then each
-    variant, then again), each number the median with its min-max; ``speedup_vs_eager`` is the median
-    of the per-round ratios (same round, same sentences) with its min-max.
+    CTranslate2 variant on the same gate-split slices, ``THROUGHPUT_ROUNDS`` alternating rounds (eager,
+    then each variant, then again), each number the median with its min-max; ``speedup_vs_eager`` is
+    the median of the per-round ratios (same round, same sentences) with its min-max.
 
     Thread policy at ``t`` threads: eager = ``torch.set_num_threads(t)``; CTranslate2 batch 1 (latency:
     one sentence at a time) = one worker with ``intra_threads=t``; batch 32 (throughput) = ``t``
     workers with ``intra_threads=1`` (``inter_threads=t``), CTranslate2's documented throughput setup."""
+    q, options, sources = st.params.quantize, st.options, st.tests[st.params.quantize.gate_split][0]
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
-    ct2: dict[tuple[str, int, int], CT2Translator] = {}
+    ct2: dict[tuple[str, int, int], CT2Decoder] = {}
     for _ in range(THROUGHPUT_ROUNDS):
         for threads in q.throughput_threads:
             for batch, n in ((1, q.throughput_batch1_sentences), (32, q.throughput_batch32_sentences)):
                 key, srcs = f"b{batch}_t{threads}", sources[:n]
                 with thread_count(threads):
                     runs.setdefault((EAGER, key), []).append(
-                        measure(lambda s, b=batch: eager_translate_ids(model, s, options, batch_size=b), srcs))
-                for name, tr in translators.items():
-                    if tr.translator.device != "cpu":
+                        measure(lambda s, b=batch: st.eager.translate_ids(s, options, batch_size=b), srcs))
+                for name, dec in st.ct2.items():
+                    if dec.translator.device != "cpu":
                         continue
                     if (name, threads, batch) not in ct2:
                         inter, intra = (1, threads) if batch == 1 else (threads, 1)
-                        ct2[name, threads, batch] = CT2Translator(
-                            tr.model_dir, tr.tokenizer, max_positions=tr.max_positions, compute_type=tr.compute_type,
-                            intra_threads=intra, inter_threads=inter)
+                        ct2[name, threads, batch] = CT2Decoder(
+                            dec.model_dir, dec.tokenizer, max_side_tokens=dec.max_side_tokens,
+                            compute_type=dec.compute_type, intra_threads=intra, inter_threads=inter)
                     ct = ct2[name, threads, batch]
                     runs.setdefault((name, key), []).append(
                         measure(lambda s, ct=ct, b=batch: ct.translate_ids(s, options, batch_size=b), srcs))
+    return _throughput_summary(runs)
+
+
+def _throughput_summary(runs: dict[tuple[str, str], list[dict[str, float]]]) -> dict[str, Any]:
+    """``{variant: {b{batch}_t{threads}: median, min, max (and speedup vs eager)}}`` from ``_throughput``'s rounds."""
     out: dict[str, Any] = {}
     for (name, key), ms in runs.items():
         entry: dict[str, Any] = {"rounds": len(ms)}

@@ -21,6 +21,7 @@ import numpy as np
 
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Params
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
+from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout
 from aiayn.tokenizer import EncodedSplit, Tokenizer, TokenizerError, encode_files, train_tokenizer
 
@@ -30,8 +31,9 @@ __all__ = ["run", "MODEL_NAME"]
 MODEL_NAME = "spm.model"
 
 
-def run(params: Params, layout: Layout) -> dict:
-    """Run the stage; return ``meta`` (also written to ``meta.json``).
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict:
+    """Run the stage; return ``meta`` (also written to ``meta.json``). ``recorder`` records nothing of
+    this stage (no run of its own: ``meta`` is in ``artifacts/tokenized``).
 
     Raises ``TokenizerError`` when a prepared file is missing (telling the user
     to run ``aiayn prepare``) or training fails; ``CorpusError`` for malformed text.

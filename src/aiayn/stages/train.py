@@ -1,11 +1,15 @@
-"""``train`` stage: encoded splits -> averaged model bundle in ``artifacts/model``.
+"""``train`` stage: encoded splits -> the chosen model bundle in ``artifacts/model``.
 
-Outputs (DVC ``outs``, deterministic bytes for fixed params and data):
-``model.safetensors`` (average of the last ``average_last`` checkpoints),
-``model.json`` (resolved config + provenance) and ``spm.model`` (copied from
-the tokenizer, so the bundle is self-contained); ``artifacts/train_metrics.json``
-holds the validation loss of the averaged model. Wall-clock numbers (tokens/s, seconds) go to the
-tracker and the log only, never into DVC outputs.
+Outputs (DVC ``outs``, deterministic bytes for fixed params and data when the run ends by its step
+budget or early stopping): ``model.safetensors`` (the weights ``train.select`` chose and validated:
+by default the average of the last ``average_last`` scheduled checkpoints, ``aiayn.train.select``),
+``model.json`` (resolved config + provenance: stop reason, budget line, the selection and why) and
+``spm.model`` (copied from the tokenizer, so the bundle is self-contained); ``artifacts/train_metrics.json``
+opens with ``budget`` (whether the run reached its budget or was CUT by the clock or a signal) and
+holds the chosen model's validation metrics; ``artifacts/plots/train_loss.tsv`` and
+``artifacts/plots/validation.tsv`` (DVC ``plots``) hold the per-step training loss and the
+validation curves. Wall-clock numbers (tokens/s, seconds) go to the tracker and the log only, never
+into DVC outputs.
 
 Step checkpoints live in ``artifacts/checkpoints`` (not a DVC output): a killed
 run, re-run with the same params, resumes from the newest one.
@@ -18,61 +22,79 @@ import logging
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import save_model
-from aiayn.config import Params
-from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
-from aiayn.stages import Layout
-from aiayn.tokenizer import Tokenizer, encoded_files, load_encoded
-from aiayn.tracking import Tracker
-from aiayn.train import TrainResult, averaged_weights, train, validation_loss
+import torch
 
-__all__ = ["run"]
+from aiayn.checkpoint import list_checkpoints, save_model
+from aiayn.config import Params, TrainConfig
+from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from aiayn.progress import Progress
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord, StageRun
+from aiayn.stages import Layout, split_reads
+from aiayn.stages.train_job import (METRICS_FILE, PARAMS_FILE, RESULT_FILE, bleu_validator, load_train_inputs,
+                                    result_from_job)
+from aiayn.train import TrainResult, inverse_sqrt_lr, select_weights, train, validation_loss
+from aiayn.train.select import Selection, checkpoint_extra
+
+__all__ = ["run", "RECORD", "budget_line", "CUT_REASONS"]
 
 log = logging.getLogger("aiayn")
 
+#: How a train run is recorded: its validation loss and BLEU are the pipeline run's headline, so is how it
+#: stopped (tags), its params are the pipeline run's, and it reads the raw corpus (plus the training and
+#: validation splits, added by ``run``).
+RECORD = StageRecord("train", headline_metrics=r"^(averaged_)?valid_(loss|ppl|bleu|chrf)$",
+                     headline_tags=r"^train\.(budget|stopped_by|stop_step|selection|budget_cut)$",
+                     params_on_parent=True, source_data=True)
 
-def data_id(layout: Layout, split: str) -> str:
-    """The training data's identity in the checkpoint fingerprint: short SHA-256s of the tokenizer and encoded files."""
-    files = ["spm.model", *(p.name for p in encoded_files(layout.tokenized, split))]
-    return ",".join(sha256_file(layout.tokenized / f)[:16] for f in files)
+#: Stop reasons that cut a run short of its configured budget (not reproducible; the model is not the configured one).
+CUT_REASONS = ("max_time_s", "signal")
 
 
-class _Progress:
-    """A rich progress bar on a terminal; a log line every ``every`` steps otherwise."""
+def budget_line(stopped_by: str, step: int, cfg: TrainConfig, early: str | None = None) -> str:
+    """One line on how the run ended: ``complete: ...`` (its step budget, epoch budget or early stopping) or
+    ``CUT by <reason> ...`` (the clock or a signal: not reproducible). The first line of every report."""
+    if stopped_by in CUT_REASONS:
+        return (f"CUT by {stopped_by} at step {step} of max_steps {cfg.max_steps}: training did not finish; "
+                "the model is not the configured one and not reproducible")
+    if stopped_by == "early_stop":
+        return f"complete: early stop at step {step} of max_steps {cfg.max_steps} ({early or 'patience exhausted'})"
+    if stopped_by == "max_epochs":
+        return f"complete: max_epochs {cfg.max_epochs} reached at step {step}"
+    return f"complete: max_steps {cfg.max_steps} reached"
+
+
+class _TrainProgress:
+    """The training bar: step/total, ETA, loss, tokens/s and the latest validation BLEU (``aiayn.progress``)."""
 
     def __init__(self, total: int, every: int) -> None:
-        self.total, self.every = total, every
-        self.bar = None
-        if sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.progress = Progress("train", total, every=every, unit="step")
+        self.valid: dict[str, float] = {}
 
-            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.fields[info]}"), transient=False)
-            self.task = self.bar.add_task("train", total=total, info="")
-
-    def __enter__(self) -> "_Progress":
-        if self.bar:
-            self.bar.start()
+    def __enter__(self) -> "_TrainProgress":
+        self.progress.__enter__()
         return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def on_valid(self, metrics: dict[str, float]) -> None:
+        """Keep the latest validation metrics (shown on the bar from then on)."""
+        self.valid.update({k: v for k, v in metrics.items() if k in ("valid_loss", "valid_bleu")})
 
     def __call__(self, step: int, m: dict[str, float]) -> None:
         info = f"epoch {int(m['epoch'])} loss {m['loss']:.3f} lr {m['lr']:.2e} {m['tokens_per_s']:.0f} tok/s"
-        if self.bar:
-            self.bar.update(self.task, completed=step, info=info)
-        elif step % self.every == 0:
-            log.info("step %d/%d %s", step, self.total, info)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar:
-            self.bar.stop()
+        if "valid_loss" in self.valid:
+            info += f" | valid loss {self.valid['valid_loss']:.3f}"
+        if "valid_bleu" in self.valid:
+            info += f" BLEU {self.valid['valid_bleu']:.2f}"
+        self.progress.update(step, info)
 
 
-def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: _Progress) -> TrainResult:
+def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress: _TrainProgress) -> TrainResult:
     """Run ``train`` on ``params.train.nproc_per_node`` ranks through torchrun (``aiayn.stages.train_worker``).
 
     The launcher keeps the MLflow run: it forwards rank 0's metrics (``metrics.jsonl``) to
@@ -83,7 +105,6 @@ def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: 
     """
     from aiayn.distributed import torchrun_command
     from aiayn.model import Transformer
-    from aiayn.stages.train_worker import METRICS_FILE, PARAMS_FILE, RESULT_FILE
 
     job_dir = layout.checkpoints / "torchrun"
     if job_dir.exists():
@@ -116,6 +137,7 @@ def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: 
                         record = json.loads(line)
                         tracker.log_metrics(record["metrics"], step=record["step"])
                         m = record["metrics"]
+                        progress.on_valid(m)
                         if "loss" in m:
                             progress(record["step"], {**m, "epoch": m.get("epoch", 0)})
             if done:
@@ -131,76 +153,128 @@ def _train_torchrun(params: Params, layout: Layout, tracker: Tracker, progress: 
     summary = json.loads(result_path.read_text(encoding="utf-8"))
     if proc.returncode != 0 and summary["stopped_by"] != "signal":
         raise RuntimeError(f"torchrun exited with status {proc.returncode}; the ranks' errors are above")
-    return TrainResult(step=summary["step"], epoch=summary["epoch"], stopped_by=summary["stopped_by"],
-                       resumed_from=summary["resumed_from"], train_seconds=summary["train_seconds"],
-                       tokens=summary["tokens"], skipped_updates=summary["skipped_updates"],
-                       model=Transformer(params.model))
+    return result_from_job(summary, Transformer(params.model))
 
 
-def run(params: Params, layout: Layout) -> dict[str, Any]:
-    """Train with ``params.train`` on ``layout.tokenized``; write the bundle to ``layout.model``.
 
-    Returns a summary: steps, epochs, stop reason, final validation metrics,
-    tokens/s. Raises ``FileNotFoundError`` if the tokenize stage has not run.
+
+def _evaluator(model: torch.nn.Module, params: Params, valid_split: Any, scorer: Any):
+    """``weights -> validation metrics`` for ``select_weights``: loss always, BLEU/chrF when the selection
+    metric needs them (the same sample and decoding as during training)."""
+    cfg = params.train
+
+    def evaluate(weights: dict[str, torch.Tensor]) -> dict[str, float]:
+        model.load_state_dict(weights)
+        metrics = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)
+        if cfg.select.metric == "valid_bleu":
+            metrics |= scorer(model)
+        return metrics
+
+    return evaluate
+
+
+def _write_plots(layout: Layout, result: TrainResult, valid: dict[int, dict[str, float]], params: Params) -> None:
+    """``plots/train_loss.tsv`` (step, loss, lr per step) and ``plots/validation.tsv`` (step and every validation
+    metric): the curves ``dvc plots show`` draws; deterministic bytes (no wall-clock columns)."""
+    cfg, d_model = params.train, params.model.d_model
+    lines = ["step\tloss\tlr"] + [
+        f"{s}\t{loss:.6f}\t{inverse_sqrt_lr(s, d_model=d_model, warmup_steps=cfg.warmup_steps, lr_scale=cfg.lr_scale):.6e}"
+        for s, loss in sorted(result.losses.items())]
+    keys = sorted({k for m in valid.values() for k in m})
+    vlines = ["\t".join(["step", *keys])] + [
+        "\t".join([str(s), *(f"{valid[s][k]:.6f}" if k in valid[s] else "" for k in keys)]) for s in sorted(valid)]
+    layout.plots.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(layout.plots / "train_loss.tsv", "\n".join(lines) + "\n")
+    atomic_write_text(layout.plots / "validation.tsv", "\n".join(vlines) + "\n")
+
+
+def _train(params: Params, layout: Layout, tracker: StageRun, inputs: Any, scorer: Any) -> TrainResult:
+    """Run the training loop (one process or torchrun) with the progress bar; raise on a signal."""
+    cfg = params.train
+    with _TrainProgress(cfg.max_steps, cfg.log_every) as progress:
+        if cfg.nproc_per_node > 1:
+            result = _train_torchrun(params.model_copy(update={"model": inputs.model_cfg}), layout, tracker, progress)
+        else:
+            def on_metrics(metrics: dict[str, float], step: int) -> None:
+                tracker.log_metrics(metrics, step=step)
+                progress.on_valid(metrics)
+
+            result = train(inputs.model_cfg, cfg, inputs.train_split, inputs.valid_split, layout.checkpoints,
+                           data_id=inputs.data_id, on_metrics=on_metrics, on_step=progress, valid_scorer=scorer)
+    if result.stopped_by == "signal":
+        raise InterruptedError(
+            f"training interrupted at step {result.step}; checkpoint saved in {layout.checkpoints}, rerun to resume"
+        )
+    return result
+
+
+def _record(tracker: StageRun, result: TrainResult, selection: Selection, final: dict[str, float],
+            budget: str, early: dict[str, Any] | None) -> float:
+    """Log the chosen model's metrics, the stop, the budget line and the selection; returns tokens/s."""
+    tokens_per_s = result.tokens / max(result.train_seconds, 1e-9)
+    # "averaged_" (the name since issue 2): the chosen model's metrics, an average or a single checkpoint
+    tracker.log_metrics({f"averaged_{k}": v for k, v in final.items()}, step=result.step)
+    tracker.log_metrics({"train_seconds": result.train_seconds, "train_tokens_per_s": tokens_per_s}, step=result.step)
+    tags = {"train.budget": budget, "train.stopped_by": result.stopped_by, "train.stop_step": result.step,
+            "train.selection": selection.summary()}
+    if result.stopped_by in CUT_REASONS:
+        tags["train.budget_cut"] = result.stopped_by
+    if early is not None:
+        tags["train.early_stop"] = json.dumps(early)
+    tracker.set_tags(tags)
+    return tokens_per_s
+
+
+def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
+    """Train with ``params.train`` on ``layout.tokenized``; choose and validate the model (``train.select``); write
+    the bundle to ``layout.model``; record the run (params, per-step metrics, the stop, the choice, the model
+    folder) into ``recorder``.
+
+    Returns a summary: steps, epochs, stop reason, budget line, the selection, the chosen model's
+    validation metrics, tokens/s. Raises ``FileNotFoundError`` if the tokenize (or, with validation
+    BLEU, the prepare) stage has not run, ``InterruptedError`` when a signal stopped training (the
+    checkpoint is saved: rerun to resume).
     """
     cfg = params.train
     if cfg.keep_checkpoints < cfg.average_last:
         raise ValueError(f"train.keep_checkpoints={cfg.keep_checkpoints} < train.average_last={cfg.average_last}")
-    spm_path = layout.tokenized / "spm.model"
-    if not spm_path.exists():
-        raise FileNotFoundError(f"{spm_path} not found: run the tokenize stage first")
-    tokenizer = Tokenizer.load(spm_path)
-    model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
-    train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
-    valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
-
-    with Tracker("train", project_root=layout.root) as tracker:
-        tracker.log_params(params.to_flat_dict() | {"model.vocab_size": model_cfg.vocab_size})
+    inputs = load_train_inputs(params, layout)
+    scorer = bleu_validator(params, layout, inputs)
+    langs = (params.data.src_lang, params.data.tgt_lang)
+    record = RECORD.reading(*split_reads(layout, [params.data.train_split], langs, "training"),
+                            *split_reads(layout, [params.data.valid_split], langs, "validation"))
+    with recorder.start(record) as tracker:
+        tracker.log_params(params.to_flat_dict() | {"model.vocab_size": inputs.model_cfg.vocab_size})
         tracker.set_tags({"seed": str(cfg.seed), "data_seed": str(cfg.data_seed), "model_preset": params.model_preset})
-        with _Progress(cfg.max_steps, cfg.log_every) as progress:
-            if cfg.nproc_per_node > 1:
-                result = _train_torchrun(params.model_copy(update={"model": model_cfg}), layout, tracker, progress)
-            else:
-                result = train(
-                    model_cfg, cfg, train_split, valid_split, layout.checkpoints,
-                    data_id=data_id(layout, params.data.train_split), on_metrics=tracker.log_metrics, on_step=progress,
-                )
-        if result.stopped_by == "signal":
-            raise InterruptedError(
-                f"training interrupted at step {result.step}; checkpoint saved in {layout.checkpoints}, rerun to resume"
-            )
-        weights, steps = averaged_weights(layout.checkpoints, cfg.average_last, every=cfg.checkpoint_every)
+        result = _train(params, layout, tracker, inputs, scorer)
+        extra = checkpoint_extra(list_checkpoints(layout.checkpoints)[-1])
+        valid = {int(k): v for k, v in extra.get("valid", {}).items()}
+        early = extra.get("early_stop")
         model = result.model
-        model.load_state_dict(weights)
-        final = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)
-
-        with atomic_dir(layout.model) as out:
-            save_model(out / "model.safetensors", weights)
-            shutil.copyfile(spm_path, out / "spm.model")
-            atomic_write_json(out / "model.json", {
-                "model": model_cfg.model_dump(mode="json"),
-                "model_preset": params.model_preset,
-                "step": result.step,
-                "averaged_steps": steps,
-                "seed": cfg.seed,
-                "data_seed": cfg.data_seed,
-                "tokenizer_sha256": sha256_file(spm_path),
-            })
-        atomic_write_json(layout.train_metrics, {
-            "step": result.step,
-            "epoch": result.epoch,
-            **{k: round(v, 6) for k, v in final.items()},
-        })
-        tokens_per_s = result.tokens / max(result.train_seconds, 1e-9)
-        tracker.log_metrics({f"averaged_{k}": v for k, v in final.items()}, step=result.step)
-        tracker.log_metrics({"train_seconds": result.train_seconds, "train_tokens_per_s": tokens_per_s}, step=result.step)
+        selection = select_weights(layout.checkpoints, cfg, _evaluator(model, params, inputs.valid_split, scorer))
+        model.load_state_dict(selection.weights)
+        final = validation_loss(model, inputs.valid_split, max_tokens=cfg.max_tokens,
+                                label_smoothing=cfg.label_smoothing)
+        if scorer is not None:
+            final |= scorer(model)
+        early_reason = _early_reason(early) if result.stopped_by == "early_stop" else None
+        budget = budget_line(result.stopped_by, result.step, cfg, early_reason)
+        (log.warning if result.stopped_by in CUT_REASONS else log.info)("train: %s", budget)
+        for note in selection.notes:
+            (log.warning if note.startswith("WARNING") or selection.replaced else log.info)("train: select: %s", note)
+        _write_outputs(params, layout, inputs, result, selection, final, budget, early)
+        _write_plots(layout, result, valid, params)
+        tokens_per_s = _record(tracker, result, selection, final, budget, early)
         tracker.log_artifacts(layout.model, artifact_path="model")
+        tracker.log_artifacts(layout.plots, artifact_path="plots")
     summary = {
+        "budget": budget,
         "step": result.step,
         "epoch": result.epoch,
         "stopped_by": result.stopped_by,
         "resumed_from": result.resumed_from,
-        "averaged_steps": steps,
+        "averaged_steps": selection.steps,
+        "selection": selection.summary(),
         "train_seconds": round(result.train_seconds, 1),
         "tokens_per_s": round(tokens_per_s, 1),
         "skipped_updates": result.skipped_updates,
@@ -209,3 +283,41 @@ def run(params: Params, layout: Layout) -> dict[str, Any]:
     }
     log.info("train: %s", summary)
     return summary
+
+
+def _early_reason(early: dict[str, Any] | None) -> str | None:
+    if not early:
+        return None
+    return (f"no {early['metric']} improvement for the patience; best {early['best']:.4f} at step "
+            f"{early['best_step']}")
+
+
+def _write_outputs(params: Params, layout: Layout, inputs: Any, result: TrainResult, selection: Selection,
+                   final: dict[str, float], budget: str, early: dict[str, Any] | None) -> None:
+    """``layout.model`` (weights, ``spm.model``, ``model.json``) and ``train_metrics.json`` (``budget`` first)."""
+    cfg, model_cfg = params.train, inputs.model_cfg
+    with atomic_dir(layout.model) as out:
+        save_model(out / "model.safetensors", selection.weights)
+        shutil.copyfile(inputs.spm_path, out / "spm.model")
+        atomic_write_json(out / "model.json", {
+            "model": model_cfg.model_dump(mode="json"),
+            "model_preset": params.model_preset,
+            "step": result.step,
+            "stopped_by": result.stopped_by,
+            "budget": budget,
+            "averaged_steps": selection.steps,
+            "selection": selection.record(),
+            **({"early_stop": early} if early is not None else {}),
+            "seed": cfg.seed,
+            "data_seed": cfg.data_seed,
+            "tokenizer_sha256": sha256_file(inputs.spm_path),
+        })
+    atomic_write_json(layout.train_metrics, {
+        "budget": budget,
+        "step": result.step,
+        "epoch": result.epoch,
+        "stopped_by": result.stopped_by,
+        "selection": {"method": selection.method, "kind": selection.kind, "replaced": selection.replaced,
+                      selection.metric: round(selection.value, 6)},
+        **{k: round(v, 6) for k, v in final.items()},
+    })

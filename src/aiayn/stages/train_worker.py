@@ -20,40 +20,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from aiayn.config import Params
-from aiayn.distributed import init_process_group, world_from_env
+from aiayn.distributed import init_process_group, rank_device, world_from_env
 from aiayn.io import atomic_write_json
 from aiayn.stages import Layout
-from aiayn.tokenizer import Tokenizer, load_encoded
+from aiayn.stages.train_job import METRICS_FILE, PARAMS_FILE, RESULT_FILE, job_summary, load_train_inputs
 from aiayn.train import train
 
-__all__ = ["main", "PARAMS_FILE", "METRICS_FILE", "RESULT_FILE"]
-
-PARAMS_FILE = "params.json"
-METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
+__all__ = ["main", "run_rank", "PARAMS_FILE", "METRICS_FILE", "RESULT_FILE"]
 
 log = logging.getLogger("aiayn")
 
 
 def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
     """Train as this process's rank; return the ``TrainResult`` summary (written by rank 0)."""
-    from aiayn.stages.train import data_id
-
     params = Params.model_validate_json((job_dir / PARAMS_FILE).read_text(encoding="utf-8"))
     layout = Layout(root)
-    cfg = params.train
     world = world_from_env()
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    backend = init_process_group(world, torch.device("cuda", world.local_rank) if use_cuda else torch.device("cpu"))
+    backend = init_process_group(world, rank_device(params.train.device, world))
     log.info("rank %d/%d (%s) started", world.rank, world.world_size, backend)
-    tokenizer = Tokenizer.load(layout.tokenized / "spm.model")
-    # The tokenizer's size, as the one-process stage uses: a hand-written params.json (multi-node) need not carry it.
-    model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
-    train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
-    valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
+    # The model is sized by the tokenizer, as in the one-process stage (a hand-written params.json need not carry it).
+    inputs = load_train_inputs(params, layout)
     metrics_file = (job_dir / METRICS_FILE).open("a", encoding="utf-8") if world.is_main else None
 
     def on_metrics(metrics: dict[str, float], step: int) -> None:
@@ -62,15 +49,12 @@ def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
         metrics_file.flush()
 
     try:
-        result = train(model_cfg, cfg, train_split, valid_split, layout.checkpoints,
-                       data_id=data_id(layout, params.data.train_split),
-                       on_metrics=on_metrics if world.is_main else None, world=world)
+        result = train(inputs.model_cfg, params.train, inputs.train_split, inputs.valid_split, layout.checkpoints,
+                       data_id=inputs.data_id, on_metrics=on_metrics if world.is_main else None, world=world)
     finally:
         if metrics_file is not None:
             metrics_file.close()
-    summary = {"step": result.step, "epoch": result.epoch, "stopped_by": result.stopped_by,
-               "resumed_from": result.resumed_from, "train_seconds": result.train_seconds,
-               "tokens": result.tokens, "skipped_updates": result.skipped_updates, "world_size": world.world_size}
+    summary = job_summary(result, world.world_size)
     if world.is_main:
         atomic_write_json(job_dir / RESULT_FILE, summary)
     return summary

@@ -19,14 +19,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, Failed
+from pipelines import apply_project_env
 
-from aiayn.config import load_params
-from aiayn.stages import Layout
-from pipelines.flows import stage_logs_to_prefect
+apply_project_env()  # before Prefect is imported: it reads its settings once
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.states import Completed, Failed  # noqa: E402
+
+from aiayn.config import load_params  # noqa: E402
+from aiayn.stages import Layout  # noqa: E402
+from pipelines.flows import stage_logs_to_prefect  # noqa: E402
 
 __all__ = ["drift", "render_markdown", "REPORT_KEY"]
 

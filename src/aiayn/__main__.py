@@ -1,0 +1,5 @@
+"""``python -m aiayn``: the ``aiayn`` command."""
+
+from aiayn.cli import main
+
+main()

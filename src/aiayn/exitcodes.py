@@ -1,0 +1,15 @@
+"""Process exit statuses that mean the same thing in every entry point (``aiayn`` CLI, ``pipelines.stage``).
+
+Shells report a process killed by signal ``N`` as ``128 + N``; a command that catches the
+signal, cleans up (the train loop writes a checkpoint) and exits by itself uses the same
+number so that callers (DVC, Prefect, CI scripts) read it alike.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE"]
+
+#: Exit status after SIGINT / Ctrl-C or SIGTERM was handled (128 + SIGINT = 130), as shells report Ctrl-C.
+EXIT_INTERRUPTED = 130
+#: Exit status when the reader of standard output went away (128 + SIGPIPE = 141), e.g. ``| head``.
+EXIT_BROKEN_PIPE = 141

@@ -1,0 +1,178 @@
+"""Where the code and data came from: the git commit, and DVC's content hashes of the data.
+
+Pure functions of the project's files (``git``, ``dvc.lock``, the top-level ``*.dvc`` files): no DVC
+import (DVC's files are parsed as YAML), no MLflow. The export stage writes ``dvc_data_hashes`` into
+the serving bundle's model card; tracking tags every run with both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "PIPELINE_WRITES",
+           "is_code_path", "data_version"]
+
+#: What the pipeline itself writes inside a project (git pathspecs): a ``dvc repro`` rewrites ``dvc.lock``, the
+#: stages write ``artifacts/``, tracking keeps its state in ``.aiayn/`` (and the default stores). None of it is the
+#: user's code, so none of it makes the work tree "dirty" (``git_commit``).
+PIPELINE_WRITES = ("dvc.lock", "artifacts", ".aiayn", "mlflow.db", "mlruns", "data", "serving", ".dvc-remote")
+
+#: Folders of the project's code: their DVC hashes are the git commit's business, not the data's.
+_CODE_ROOTS = ("src", "monitoring", "pipelines", "benchmarks", "tests")
+
+
+def git_commit(project_root: str | Path, *, ignore: tuple[str, ...] = PIPELINE_WRITES) -> tuple[str | None, bool]:
+    """``(HEAD commit sha, dirty)`` of the git work tree holding ``project_root``.
+
+    ``dirty`` is True when tracked files differ from HEAD (untracked files are
+    ignored: they are not part of any commit), except the paths in ``ignore`` (git
+    pathspecs relative to ``project_root``; default ``PIPELINE_WRITES``: what the pipeline
+    itself writes, e.g. the ``dvc.lock`` of a fresh clone's first run). ``(None, False)``
+    outside a git work tree or without a ``git`` executable. Never raises.
+    """
+
+    def _git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(project_root), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    head = _git("rev-parse", "--verify", "HEAD")
+    if head is None:
+        return None, False
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":/", *(f":(exclude){p}" for p in ignore))
+    return head.strip(), bool(status and status.strip())
+
+
+def dvc_out_hash(entry: Mapping[str, Any]) -> str | None:
+    """DVC's hash of a ``deps``/``outs`` entry: its ``md5``, else ``etag``, else ``checksum``; None if none."""
+    for key in ("md5", "etag", "checksum"):
+        if entry.get(key):
+            return str(entry[key])
+    return None
+
+
+def _local_path(base: str, path: Any) -> str | None:
+    """Normalised POSIX path relative to the project root, or None if not a local relative path."""
+    if not isinstance(path, str) or "://" in path or path.startswith("/"):
+        return None
+    norm = posixpath.normpath(posixpath.join(base, path)) if base else posixpath.normpath(path)
+    return None if norm.startswith("..") or norm == "." else norm
+
+
+def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
+    """DVC content hashes of every data path the pipeline knows, keyed by path.
+
+    Reads ``<project_root>/dvc.lock`` (every stage's ``deps`` and ``outs``; an
+    ``outs`` entry wins over a ``deps`` entry for the same path) and each
+    ``<project_root>/*.dvc`` file (``outs``, paths relative to the ``.dvc``
+    file). Values are DVC's ``md5`` (``...dir`` for directories; ``etag`` or
+    ``checksum`` for remote-style entries). Keys are POSIX paths relative to
+    the project root, e.g. ``{"artifacts/prepared": "3f2a...dir"}``. Missing
+    files give an empty dict. Never imports dvc (parses YAML).
+
+    Raises:
+        ValueError: a file is not valid YAML or not shaped like a DVC lock /
+            ``.dvc`` file; the message names the file.
+    """
+    root = Path(project_root)
+    deps: dict[str, str] = {}
+    outs: dict[str, str] = {}
+
+    def _load(path: Path) -> Any:
+        try:
+            return yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from e
+
+    def _entries(path: Path, block: Any, what: str) -> list[Mapping[str, Any]]:
+        if block is None:
+            return []
+        if not isinstance(block, list) or not all(isinstance(x, Mapping) for x in block):
+            raise ValueError(f"{path}: {what} must be a list of mappings, got {block!r:.200}")
+        return block
+
+    lock = root / "dvc.lock"
+    if lock.is_file():
+        doc = _load(lock) or {}
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{lock}: expected a mapping at top level, got {type(doc).__name__}")
+        stages = doc.get("stages", {}) if "schema" in doc else doc  # schema 2.0 vs 1.0
+        if not isinstance(stages, Mapping):
+            raise ValueError(f"{lock}: 'stages' must be a mapping, got {stages!r:.200}")
+        for name, stage in stages.items():
+            if not isinstance(stage, Mapping):
+                raise ValueError(f"{lock}: stage {name!r} must be a mapping, got {stage!r:.200}")
+            for target, key in ((deps, "deps"), (outs, "outs")):
+                for entry in _entries(lock, stage.get(key), f"stages.{name}.{key}"):
+                    p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
+                    if p and h:
+                        target[p] = h
+
+    for dvc_file, entry in dvc_file_outs(root, strict=True):
+        p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
+        if p and h:
+            outs[p] = h
+
+    return {**deps, **outs}
+
+
+def dvc_file_outs(project_root: str | Path, *, strict: bool) -> list[tuple[Path, Mapping[str, Any]]]:
+    """``(dvc_file, out_entry)`` for every ``outs`` entry of the project's top-level ``*.dvc`` files.
+
+    The one reader of ``.dvc`` files (``dvc_data_hashes``; tracking's dataset inputs). ``strict``:
+    raise ``ValueError`` naming the file when one is not valid YAML or not shaped like a ``.dvc``
+    file; otherwise skip such a file (a dataset description must never stop a stage).
+    """
+    root = Path(project_root)
+    found: list[tuple[Path, Mapping[str, Any]]] = []
+    for dvc_file in sorted(p for p in root.glob("*.dvc") if p.is_file()):  # not the .dvc/ directory
+        try:
+            doc = yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}
+            if not isinstance(doc, Mapping):
+                raise ValueError(f"{dvc_file}: expected a mapping at top level, got {type(doc).__name__}")
+            entries = doc.get("outs") or []
+            if not isinstance(entries, list) or not all(isinstance(x, Mapping) for x in entries):
+                raise ValueError(f"{dvc_file}: outs must be a list of mappings, got {entries!r:.200}")
+        except (OSError, yaml.YAMLError, ValueError) as e:
+            if strict:
+                raise ValueError(str(e) if isinstance(e, ValueError) else f"{dvc_file}: not valid YAML: {e}") from e
+            continue
+        found.extend((dvc_file, entry) for entry in entries)
+    return found
+
+
+def file_md5(path: Path) -> str:
+    """MD5 of the file's bytes: DVC 3's content hash of a file."""
+    h = hashlib.md5()  # noqa: S324 - DVC's content hash, not security
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_code_path(path: str) -> bool:
+    """Whether a project-relative POSIX path (a ``dvc.lock`` dep) is the project's code (a ``.py`` file or a path
+    under a code folder) rather than data or a stage's output."""
+    return path.endswith(".py") or path.split("/", 1)[0] in _CODE_ROOTS
+
+
+def data_version(hashes: dict[str, str]) -> str | None:
+    """The raw data's version from ``dvc_data_hashes``: the hash of the first path under ``data/`` (``data.dvc``'s
+    corpus), None when there is none."""
+    raw = sorted(p for p in hashes if p == "data" or p.startswith("data/"))
+    return hashes[raw[0]] if raw else None

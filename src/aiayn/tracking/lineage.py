@@ -1,0 +1,94 @@
+"""Lineage as MLflow records it: the tags of every pipeline and stage run, and a stage's dataset inputs.
+
+Built on ``aiayn.lineage`` (git commit, DVC hashes) and told by the stage's ``StageRecord`` which
+files it reads; no MLflow import here (the caller logs what these return).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from aiayn.lineage import data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
+from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
+
+__all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes"]
+
+log = logging.getLogger("aiayn.tracking")
+
+
+def git_tags(project_root: Path) -> dict[str, str]:
+    """``git.dirty`` (the user's code only: ``aiayn.lineage.git_commit`` leaves out what the pipeline writes) and,
+    inside a git work tree, ``git.commit`` / ``mlflow.source.git.commit``."""
+    commit, dirty = git_commit(project_root)
+    tags = {"git.dirty": str(dirty).lower()}
+    if commit:
+        tags["git.commit"] = tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
+                 source_data: bool = False) -> list[dict[str, str]]:
+    """The DVC-versioned data a stage reads, described as MLflow dataset inputs.
+
+    ``source_data``: first the raw corpus (each ``*.dvc`` file's output: name = its path, digest =
+    DVC's ``md5`` from the ``.dvc`` file, without its ``.dir`` suffix; context ``source``). Then one
+    dataset per file of ``reads`` (paths relative to ``project_root``): name = the file's name,
+    digest = its MD5, which is DVC 3's content hash of that file (so it matches the ``.dir``
+    manifest of its folder in the DVC cache); source = its path; context = the read's; profile =
+    lines and bytes. Missing files are skipped.
+
+    Returns:
+        ``[{"name", "digest", "source", "context", "profile"}]`` (all strings).
+    """
+    root = Path(project_root)
+    out: list[dict[str, str]] = []
+    if source_data:
+        for dvc_file, entry in dvc_file_outs(root, strict=False):
+            h = dvc_out_hash(entry)
+            if h and entry.get("path"):
+                out.append({"name": str(entry["path"]), "digest": h.removesuffix(".dir"),
+                            "source": f"{dvc_file.name}: {entry['path']} (DVC {h})", "context": "source",
+                            "profile": json.dumps({"files": entry.get("nfiles"), "bytes": entry.get("size")})})
+    for read in reads:
+        f = root / read.path
+        if not f.is_file():
+            continue
+        with f.open("rb") as fh:
+            lines = sum(1 for _ in fh)
+        out.append({"name": f.name, "digest": file_md5(f), "source": f.relative_to(root).as_posix(),
+                    "context": read.context, "profile": json.dumps({"lines": lines, "bytes": f.stat().st_size})})
+    return out
+
+
+def lineage_hashes(project_root: Path) -> dict[str, str]:
+    """Every ``dvc_data_hashes`` entry (code and data): what the tracker logs as ONE artifact of the pipeline run
+    (``lineage/dvc_hashes.json``). Empty, with one warning, when a DVC file is unreadable."""
+    try:
+        return dvc_data_hashes(project_root)
+    except ValueError as e:
+        log.warning("no data hashes logged: %s", e)
+        return {}
+
+
+def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> dict[str, str]:
+    """The tags of every pipeline and stage run: ``git_tags``, ``dvc.exp_name`` when DVC runs the
+    stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``), ``data.version`` (the raw
+    corpus's DVC hash) and one ``data_hash.<path>`` per data path of ``hashes`` (default ``lineage_hashes``): the
+    corpus and the stages' outputs, not the code files (the git commit covers those; every hash is in the
+    ``lineage/dvc_hashes.json`` artifact)."""
+    tags = git_tags(project_root)
+    if os.environ.get("DVC_EXP_NAME"):  # set by DVC for queued / temp experiments
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    hashes = lineage_hashes(project_root) if hashes is None else hashes
+    if version := data_version(hashes):
+        tags["data.version"] = version
+    for path, h in hashes.items():
+        if is_code_path(path):
+            continue
+        key = BAD_KEY_CHARS.sub("_", f"data_hash.{path}")[:MAX_KEY_LEN]
+        tags[key] = h
+    return tags

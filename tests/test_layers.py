@@ -1,0 +1,215 @@
+"""The house's layering, read from the source with ``ast`` (imports inside functions included):
+MLflow only in ``aiayn.tracking``, a core that reaches for no orchestrator, a monitor without Prefect,
+every ``AIAYN_*`` variable named in ``aiayn.settings`` only; and processes whose environment changes
+where they start, never on import.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+TRACKING = SRC / "aiayn" / "tracking"
+SCANNED = (SRC / "aiayn", REPO / "pipelines", REPO / "monitoring")
+
+
+def imports(path: Path) -> set[str]:
+    """Absolute module names ``path`` imports (every import statement, at any depth)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def importers(roots: tuple[Path, ...], top: str) -> dict[Path, list[str]]:
+    """``{file: [modules]}`` for the files under ``roots`` that import ``top`` (or a submodule of it)."""
+    hits = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            mods = sorted(m for m in imports(path) if m == top or m.startswith(top + "."))
+            if mods:
+                hits[path] = mods
+    return hits
+
+
+def test_the_scanner_sees_lazy_and_aliased_imports(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n    import mlflow.pyfunc as p\n    from mlflow import MlflowClient\n")
+    (tmp_path / "clean.py").write_text("import mlflow_like\nx = 'import mlflow'\n")
+    assert imports(tmp_path / "m.py") == {"mlflow.pyfunc", "mlflow"}
+    assert importers((tmp_path,), "mlflow") == {tmp_path / "m.py": ["mlflow", "mlflow.pyfunc"]}
+
+
+def test_only_the_tracking_package_imports_mlflow():
+    hits = importers(SCANNED, "mlflow")
+    outside = [f"{f.relative_to(REPO)}: {m}" for f, m in hits.items() if not f.is_relative_to(TRACKING)]
+    assert not outside, f"mlflow imported outside src/aiayn/tracking/: {outside}"
+    assert hits, "the tracking package imports mlflow: the scan must find it"
+
+
+@pytest.mark.parametrize("top", ["prefect", "dvc", "pipelines", "monitoring"])
+def test_the_core_imports_no_orchestration(top):
+    assert not importers((SRC / "aiayn",), top), f"src/aiayn imports {top}"
+
+
+@pytest.mark.parametrize("top", ["prefect", "pipelines"])
+def test_the_monitor_imports_no_orchestrator(top):
+    assert not importers((REPO / "monitoring",), top), f"monitoring imports {top}"
+
+
+@pytest.mark.parametrize("module", ["aiayn.stages", "aiayn.export", "aiayn.cli", "pipelines", "monitoring"])
+def test_tracking_is_told_its_policy(module):
+    """Tracking knows no pipeline: it is handed each stage's StageRecord."""
+    assert not importers((TRACKING,), module), f"aiayn.tracking imports {module}"
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """String constants of ``path`` that are not docstrings."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_every_aiayn_variable_is_named_in_settings_only():
+    import re
+
+    name = re.compile(r"^AIAYN_[A-Z0-9_]+$")
+    found = [f"{path.relative_to(REPO)}:{line}: {value}" for root in SCANNED for path in sorted(root.rglob("*.py"))
+             if path != SRC / "aiayn" / "settings.py"
+             for line, value in _code_strings(path) if name.match(value)]
+    assert not found, f"AIAYN_* variables named outside aiayn.settings: {found}"
+    from aiayn import settings
+
+    declared = {v for k, v in vars(settings).items() if k.endswith("_ENV")}
+    assert {"AIAYN_TRACKING", "AIAYN_PARENT_RUN_ID", "AIAYN_DATA_MIRROR", "AIAYN_REGISTERED_MODEL"} <= declared
+
+
+ENV_AFTER = """
+import json, os, sys
+before = dict(os.environ)
+for module in sys.argv[1:]:
+    __import__(module)
+after = dict(os.environ)
+print(json.dumps({k: [before.get(k), after.get(k)] for k in set(before) | set(after) if before.get(k) != after.get(k)}))
+"""
+
+
+def _bare_env() -> dict[str, str]:
+    import os
+
+    keep = ("PATH", "HOME", "LANG", "TMPDIR", "PREFECT_HOME", "TRITON_INTERPRET")
+    return {k: os.environ[k] for k in keep if k in os.environ}
+
+
+def test_importing_the_packages_leaves_the_environment_alone():
+    modules = ["aiayn", "aiayn.cli", "aiayn.stages", "aiayn.tracking", "aiayn.recording", "pipelines",
+               "pipelines.stages", "pipelines.stage", "pipelines.scratch", "monitoring", "monitoring.commands"]
+    out = subprocess.run([sys.executable, "-c", ENV_AFTER, *modules], cwd=REPO, env=_bare_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {}
+
+
+def test_the_entry_points_set_the_process_defaults():
+    """``aiayn`` (``aiayn.cli.main``) sets OMP_WAIT_POLICY before torch loads; ``pipelines.stage``
+    also sets Prefect's and DVC's defaults; a value the user set wins."""
+    code = ("import os, sys\n"
+            "from aiayn.cli import main\n"
+            "sys.argv = ['aiayn', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_bare_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == ["PASSIVE", "False"]
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_bare_env() | {"OMP_WAIT_POLICY": "ACTIVE"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split()[-2:] == ["ACTIVE", "False"]
+
+    code = ("import os\nfrom pipelines import stage\n"
+            "try:\n    stage.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('DVC_NO_ANALYTICS'),"
+            " os.environ.get('PREFECT_SERVER_ANALYTICS_ENABLED'))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_bare_env(), capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-3:] == ["PASSIVE", "1", "false"]
+
+
+def test_python_m_aiayn_lists_the_monitor_commands():
+    out = subprocess.run([sys.executable, "-m", "aiayn", "--help"], cwd=REPO, env=_bare_env() | {"COLUMNS": "200"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    commands = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("│ ") and len(line.split()) > 1]
+    for name in ("prepare", "train", "export", "monitor-reference", "monitor", "fetch", "translate", "serve"):
+        assert name in commands, (name, out.stdout)
+
+
+# ---------------------------------------------------------------- sizes (issue 24: one person can hold a unit)
+
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 700
+#: Modules allowed past MAX_MODULE_LINES, with the reason (the closing note of issue 24 repeats it).
+LONG_MODULES = {
+    # The Triton forward and backward kernels, their autograd Function and the launch-shape rules
+    # must read side by side (each backward block mirrors a forward block); split, a reader holds
+    # two files open to check one kernel against the other.
+    "src/aiayn/kernels/flash_attention.py": 800,
+}
+
+
+def sizes(roots: tuple[Path, ...], base: Path = REPO) -> tuple[dict[str, int], dict[str, int]]:
+    """``(modules, functions)``: line counts of every ``.py`` file under ``roots`` and of every
+    function or method in them (``file:qualname``, paths relative to ``base``; decorators excluded,
+    docstring included)."""
+    modules, functions = {}, {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            rel = str(path.relative_to(base))
+            modules[rel] = len(text.splitlines())
+
+            def walk(node, prefix=""):
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        name = f"{prefix}{child.name}"
+                        if not isinstance(child, ast.ClassDef):
+                            functions[f"{rel}:{name}"] = child.end_lineno - child.lineno + 1
+                        walk(child, name + ".")
+                    else:
+                        walk(child, prefix)
+
+            walk(ast.parse(text))
+    return modules, functions
+
+
+def test_the_size_scan_counts_nested_functions_and_methods(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("class A:\n    def f(self):\n        def g():\n            return 1\n        return g\n")
+    modules, functions = sizes((pkg,), base=tmp_path)
+    assert modules == {"pkg/m.py": 5} and functions == {"pkg/m.py:A.f": 4, "pkg/m.py:A.f.g": 2}
+
+
+def test_no_function_over_80_lines_and_no_module_over_700():
+    modules, functions = sizes(SCANNED)
+    long_functions = {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES}
+    long_modules = {m: n for m, n in modules.items() if n > LONG_MODULES.get(m, MAX_MODULE_LINES)}
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines (or their stated limit): {long_modules}"
+    assert len(functions) > 500 and max(functions.values()) > 40, "the scan must see the code base's functions"
