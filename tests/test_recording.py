@@ -99,6 +99,21 @@ def test_settings_defaults_and_parsing():
     assert Settings.from_env({"AIAYN_TRACKING": "yes"}).tracking
 
 
+def test_registered_model_override_is_the_variable_as_given():
+    """Unset: None, so the export stage names the model after the pair (aiayn.config.registered_model_name);
+    set (even empty, which registered_model_name refuses): the value."""
+    from aiayn.config import ConfigError, DataConfig, registered_model_name
+
+    assert Settings.from_env({}).registered_model_override is None
+    assert Settings.from_env({"AIAYN_REGISTERED_MODEL": "m"}).registered_model_override == "m"
+    assert Settings.from_env({"AIAYN_REGISTERED_MODEL": ""}).registered_model_override == ""
+    fr = DataConfig(tgt_lang="fr")
+    assert registered_model_name(fr, Settings.from_env({}).registered_model_override) == "aiayn-en-fr"
+    assert registered_model_name(fr, Settings.from_env({"AIAYN_REGISTERED_MODEL": "m"}).registered_model_override) == "m"
+    with pytest.raises(ConfigError, match="empty"):
+        registered_model_name(fr, Settings.from_env({"AIAYN_REGISTERED_MODEL": ""}).registered_model_override)
+
+
 def test_settings_empty_is_unset_and_bad_numbers_are_named():
     s = Settings.from_env({PARENT_RUN_ENV: "", "AIAYN_DATA_MIRROR": "", "AIAYN_DVC_REMOTE": "", "AIAYN_STAGE_ERROR_FILE": ""})
     assert (s.parent_run_id, s.data_mirror, s.dvc_remote, s.stage_error_file) == (None, None, None, None)

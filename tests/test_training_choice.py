@@ -98,6 +98,23 @@ def test_bleu_sample_is_fixed_by_its_seed(task):
         BleuValidator(tok, vsrc, vtgt[:-1])
 
 
+def test_validation_bleu_uses_the_given_bleu_tokenizer(task, monkeypatch):
+    """Validation BLEU is scored with the tokenizer it is given (the train stage passes the target language's,
+    ``aiayn.scoring.bleu_tokenizer``, as evaluate does); 13a by default."""
+    import aiayn.train.validation as validation
+    from aiayn.model import Transformer
+
+    seen = []
+    real = validation.score
+    monkeypatch.setattr(validation, "score", lambda h, r, *, tokenize="13a": seen.append(tokenize) or real(h, r, tokenize=tokenize))
+    tok, model_cfg, _, _, vsrc, vtgt = task
+    model = Transformer(model_cfg)
+    opts = DecodeOptions(beam_size=1, max_len_b=4)
+    BleuValidator(tok, vsrc, vtgt, opts, size=4)(model)
+    BleuValidator(tok, vsrc, vtgt, opts, size=4, tokenize="char")(model)
+    assert seen == ["13a", "char"]
+
+
 # --- 2. early stopping ---------------------------------------------------------------------------------------
 
 
