@@ -196,8 +196,12 @@ def test_bytecode_caches_leave_dvc_status_clean(project):
 @pytest.mark.parametrize(("path", "old", "new", "stale", "fresh"), [
     # editing the tiny preset (the main job's model) makes train stale
     ("src/aiayn/config.py", 'd_ff=512, n_layers=3', 'd_ff=768, n_layers=3', {"train", "evaluate"}, set()),
-    # editing decoding makes evaluate stale, and leaves training alone
-    ("src/aiayn/decode.py", "import torch", "import torch  # edited", {"evaluate"}, {"prepare", "tokenize", "train"}),
+    # editing the evaluate stage makes evaluate stale, and leaves training alone
+    ("src/aiayn/stages/evaluate.py", "import logging", "import logging  # edited", {"evaluate"},
+     {"prepare", "tokenize", "train"}),
+    # decoding is a dep of train too since training decodes the validation split (issue 25:
+    # train.valid_bleu, early stopping and checkpoint choice on it), and of evaluate; never of the data stages
+    ("src/aiayn/decode.py", "import torch", "import torch  # edited", {"train", "evaluate"}, {"prepare", "tokenize"}),
 ])
 def test_a_code_edit_makes_exactly_its_stages_stale(project, path, old, new, stale, fresh):
     root, env = project["root"], project["env"]
