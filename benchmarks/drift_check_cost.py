@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[200, 2000, 20000])
     args = p.parse_args(argv)
     root = Path(args.root).resolve()
-    sys.path.insert(0, str(root))
+    sys.path[:0] = [str(root), str(root / "tests")]  # the project's packages; tests/support (drift inputs)
     from aiayn.config import load_params
-    from monitoring.validation import read_split
+    from support.drift_inputs import read_split
 
     params = load_params(root / "params.yaml")
     train = read_split(root / "data" / "multi30k", params.data.train_split, params.data.src_lang)

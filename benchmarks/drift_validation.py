@@ -20,14 +20,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]  # tests/support
 
 from aiayn.config import load_params  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 
 
 def cases(corpus: Path, which: str, window: int) -> dict[str, list[list[str]]]:
-    from monitoring.validation import insert_noise, read_split, upper, windows
+    from support.drift_inputs import insert_noise, read_split, upper, windows
 
     if which == "val":
         en = read_split(corpus, "val", "en")

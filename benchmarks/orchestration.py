@@ -1,6 +1,6 @@
 """Orchestration overhead: each stage through its Prefect flow vs the stage function called directly.
 
-One process, one scratch project on the smoke configuration (``pipelines.scratch``),
+One process, one scratch project on the smoke configuration (``tests/support/scratch.py``),
 the corpus copied from the mirror once. Four measurements, all in the same run:
 
 1. **Stages in-process**: for every stage and round, the stage function
@@ -48,6 +48,7 @@ from pathlib import Path
 from pipelines.stages import STAGES, stage_module  # the pipeline's stages, in DAG order
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: the scratch project
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -210,7 +211,7 @@ def bench_train_in_pipeline(work: Path, params_path: str, steps: int, rounds: in
     """Markdown table: the train stage alone (``aiayn train``) vs inside ``python -m pipelines.pipeline``."""
     import yaml
 
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     raw = yaml.safe_load(Path(params_path).read_text(encoding="utf-8"))
     raw.setdefault("train", {})["max_steps"] = steps
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     from prefect import flow
 
     from aiayn.stages import Layout
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # `dvc init` chatter

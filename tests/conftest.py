@@ -128,7 +128,7 @@ def smoke_pipeline(tmp_path_factory, prefect_harness, multi30k_mirror) -> dict:
     leave it as reproducible and up to date as they found it.
     """
     from pipelines.pipeline import pipeline
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     root = scratch_project(tmp_path_factory.mktemp("smoke-pipeline") / "project", SMOKE, git=True)
     env = os.environ | {

@@ -62,7 +62,7 @@ def _tiny_config(path: Path, corpus: dict) -> Path:
 
 
 def test_each_local_format_trains_through_dvc_repro(tmp_path, prefect_harness, multi30k_mirror):
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     en, de = (_mirror_lines(multi30k_mirror, f"train.{x}.gz", 400) for x in ("en", "de"))
     splits = {"train": list(zip(en[:300], de[:300])), "val": list(zip(en[300:340], de[300:340])),
@@ -114,7 +114,7 @@ def test_each_local_format_trains_through_dvc_repro(tmp_path, prefect_harness, m
 @pytest.fixture
 def multi30k_project(tmp_path, prefect_harness, multi30k_mirror):
     """A git + DVC scratch project on the smoke config with Multi30k fetched (tracking on, its own store)."""
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     root = scratch_project(tmp_path / "project", SMOKE, git=True)
     env = _env(prefect_harness, multi30k_mirror, tracking=True)

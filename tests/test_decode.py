@@ -23,7 +23,7 @@ from aiayn.decode import (
 )
 from aiayn.decoders import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
-from model_wrappers import LogitBias
+from support.model_wrappers import LogitBias
 
 VOCAB = 40
 

@@ -292,7 +292,7 @@ def test_ctranslate2_refuses_decoder_only_by_name(tmp_path, monkeypatch):
     """The converter names ``arch``; the quantize stage marks every CTranslate2 variant skipped with
     that reason and still measures the eager model."""
     pytest.importorskip("ctranslate2")
-    import tiny
+    from support import tiny
     from aiayn.config import params_from_dict
     from aiayn.quantize.converter import UnsupportedModelError, check_supported
     from aiayn.stages import quantize as stage

@@ -32,7 +32,7 @@ STEPS = 20
 def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, sleep: float = 0.0,
              wait: bool = True, mode: str = "ddp") -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(TESTS / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
+           str(TESTS / "support" / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
     env = {**os.environ, "AIAYN_TEST_STEP_SLEEP": str(sleep), "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -254,7 +254,7 @@ def test_train_stage_with_two_ranks_interrupts_resumes_and_reports_to_mlflow(mul
 def test_worker_takes_vocab_size_from_the_tokenizer_not_params_json(tmp_path, monkeypatch):
     """A hand-written params.json (multi-node) without the tokenizer's size: the worker sizes the model from
     ``artifacts/tokenized/spm.model``, as the one-process stage does (one process, no torchrun)."""
-    import tiny
+    from support import tiny
     from aiayn.stages import Layout
     from aiayn.stages.train_worker import PARAMS_FILE, RESULT_FILE, run_rank
     from aiayn.tokenizer import EncodedSplit, save_encoded

@@ -226,7 +226,7 @@ def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, mult
     from aiayn.translate import Translator
     from monitoring.drift import check, load_reference
     from monitoring.reference import reference_dir
-    from monitoring.validation import insert_noise, read_split, upper, windows
+    from support.drift_inputs import insert_noise, read_split, upper, windows
 
     root = project["root"]
     cfg = load_params(root / "params.yaml").monitor

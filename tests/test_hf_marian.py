@@ -28,7 +28,7 @@ from aiayn.tokenizer import Tokenizer  # noqa: E402
 from aiayn.decoders import DecodeOptions, EagerDecoder  # noqa: E402
 from aiayn.translate import Translator  # noqa: E402
 
-import tiny  # noqa: E402
+from support import tiny  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

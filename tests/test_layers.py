@@ -118,7 +118,7 @@ def _bare_env() -> dict[str, str]:
 
 def test_importing_the_packages_leaves_the_environment_alone():
     modules = ["aiayn", "aiayn.cli", "aiayn.stages", "aiayn.tracking", "aiayn.recording", "pipelines",
-               "pipelines.stages", "pipelines.stage", "pipelines.scratch", "monitoring", "monitoring.commands"]
+               "pipelines.stages", "pipelines.stage", "monitoring", "monitoring.commands"]
     out = subprocess.run([sys.executable, "-c", ENV_AFTER, *modules], cwd=REPO, env=_bare_env(), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

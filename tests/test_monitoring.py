@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import tiny
+from support import tiny
 from aiayn.config import MonitorConfig, Params
 from aiayn.io import sha256_file
 from aiayn.tokenizer import EncodedSplit, save_encoded

@@ -27,7 +27,7 @@ SMOKE = REPO / "configs" / "smoke.yaml"
 def smoke_root(tmp_path_factory, prefect_harness, multi30k_mirror) -> Path:
     """A scratch project on configs/smoke.yaml whose corpus came in through the ``fetch`` flow."""
     from pipelines.flows import fetch
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     root = scratch_project(tmp_path_factory.mktemp("smoke") / "project", SMOKE)
     state = fetch(root=str(root), mirror=str(multi30k_mirror), return_state=True)
@@ -447,7 +447,7 @@ def test_pipeline_flow_reproduces_pushes_and_reports(smoke_pipeline, prefect_har
 @pytest.mark.slow
 def test_pipeline_fails_with_the_failing_stage_message(tmp_path, prefect_harness, multi30k_mirror, monkeypatch):
     from pipelines.pipeline import pipeline
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     bad = tmp_path / "bad.yaml"
     cfg = yaml.safe_load(SMOKE.read_text())

@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from services import free_port as _free_port
-from services import start_process as _start
-from services import stop_process as _stop
-from services import tail as _tail
-from services import wait_for as _wait_for
+from support.services import free_port as _free_port
+from support.services import start_process as _start
+from support.services import stop_process as _stop
+from support.services import tail as _tail
+from support.services import wait_for as _wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -95,8 +95,8 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
 
     from pipelines.deploy import DEPLOYMENTS, WORK_POOL, deploy, load_flow
     from pipelines.pipeline import REPORT_KEY
-    from monitoring.validation import read_split
-    from pipelines.scratch import scratch_project
+    from support.drift_inputs import read_split
+    from support.scratch import scratch_project
     from pipelines.stages import STAGES
 
     root = scratch_project(tmp_path / "project", SMOKE)

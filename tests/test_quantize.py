@@ -25,7 +25,7 @@ from aiayn.stages import Layout  # noqa: E402
 from aiayn.tokenizer import Tokenizer  # noqa: E402
 from aiayn.translate import Translator  # noqa: E402
 
-import tiny  # noqa: E402
+from support import tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from services import S3_ENV, MlflowServer, Postgres, PrefectServer, S3, require, tail
+from support.services import S3_ENV, MlflowServer, Postgres, PrefectServer, S3, require, tail
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -75,7 +75,7 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pipeline_run(stack, tmp_path_factory, multi30k_mirror):
     """The smoke pipeline (``python -m pipelines.pipeline``) against the stack, configured by env only."""
-    from pipelines.scratch import scratch_project
+    from support.scratch import scratch_project
 
     project = scratch_project(tmp_path_factory.mktemp("real") / "project", SMOKE)
     env = {**_without_s3_credentials(dict(os.environ)),
@@ -251,7 +251,7 @@ def test_alias_and_artifacts_survive_a_restart_of_postgres_s3_and_mlflow(stack, 
 def test_mlflow_and_prefect_uis_in_a_browser(stack, pipeline_run):
     require("chromium", hint="install Debian's chromium and chromium-driver (make system-deps)")
     require("chromedriver", hint="install Debian's chromium-driver (make system-deps)")
-    from browser import check_mlflow_ui, check_prefect_ui, chromium
+    from support.browser import check_mlflow_ui, check_prefect_ui, chromium
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 

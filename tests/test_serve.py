@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ctranslate2")
 
-import tiny  # noqa: E402
+from support import tiny  # noqa: E402
 from aiayn.config import params_from_dict  # noqa: E402
 from aiayn.bundle import EAGER, BundleError, ServingBundle, read_bundle_info  # noqa: E402
 from aiayn.decoders import DecodeOptions  # noqa: E402

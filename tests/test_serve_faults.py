@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("ctranslate2")
 
-import tiny  # noqa: E402
+from support import tiny  # noqa: E402
 from aiayn.decoders import DecodeOptions  # noqa: E402
 
 BIN = Path(sys.executable).parent

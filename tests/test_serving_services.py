@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ctranslate2")
 
-import tiny  # noqa: E402
+from support import tiny  # noqa: E402
 from aiayn.decoders import DecodeOptions  # noqa: E402
 from aiayn.export import BundlePredictor  # noqa: E402
 
@@ -147,7 +147,7 @@ def test_two_replicas_on_postgres_log_every_answer_exactly_once(world, tmp_path)
     spread over them, in two waves with every database connection dropped in between: every
     answered sentence is logged exactly once, and the drift monitor reads the window from the same
     database."""
-    from services import Postgres
+    from support.services import Postgres
 
     from aiayn.request_log import open_request_log
     from monitoring.drift import read_log_window

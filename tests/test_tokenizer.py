@@ -248,7 +248,7 @@ def test_tokenize_stage_requires_prepare(tmp_path):
 
 def test_encode_files_writes_what_save_encoded_writes(tmp_path):
     """The streamed, chunked encoder gives the .npy bytes of the in-memory path (the main job unchanged)."""
-    import tiny
+    from support import tiny
 
     from aiayn.tokenizer import encode_files
 
@@ -271,7 +271,7 @@ def test_encode_files_writes_what_save_encoded_writes(tmp_path):
 
 def test_sampled_tokenizer_training_is_seeded(tmp_path):
     """``input_sentence_size``: sentencepiece trains on a seeded sample, so the same text gives the same model."""
-    import tiny
+    from support import tiny
 
     en, de = tiny.corpus(600, 4)
     (tmp_path / "t.txt").write_text("\n".join(en + de) + "\n")

@@ -34,7 +34,7 @@ from aiayn.model import Transformer
 from aiayn.textio import InputError, clean_line, read_input, split_lines, split_long
 from aiayn.tokenizer import Tokenizer, train_tokenizer
 from aiayn.translate import Translator
-from model_wrappers import LogitBias
+from support.model_wrappers import LogitBias
 
 REPO = Path(__file__).resolve().parents[1]
 GREEDY = DecodeOptions(beam_size=1, max_len_b=5)
@@ -504,7 +504,7 @@ def test_cli_interactive_translates_each_line_as_it_is_entered(bundle, translato
 def test_cli_bundle_translates_as_the_service_does(bundle, translator, tmp_path):
     from types import SimpleNamespace
 
-    import tiny
+    from support import tiny
     from aiayn.export import BundlePredictor
 
     ct2 = tiny.ct2_bundle(tmp_path, SimpleNamespace(model=bundle), translator.tokenizer,

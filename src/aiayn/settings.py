@@ -71,9 +71,9 @@ DVC_REMOTE_ENV = "AIAYN_DVC_REMOTE"
 REQUEST_LOG_URL_ENV = "AIAYN_REQUEST_LOG_URL"
 #: Tests: ``1`` makes a test that needs a missing service program fail instead of skip (CI).
 REQUIRE_SERVICES_ENV = "AIAYN_REQUIRE_SERVICES"
-#: Tests (``tests/ddp_worker.py``): seconds slept after each training step.
+#: Tests (``tests/support/ddp_worker.py``): seconds slept after each training step.
 TEST_STEP_SLEEP_ENV = "AIAYN_TEST_STEP_SLEEP"
-#: Tests (``tests/ddp_worker.py``): ``train.distributed`` of the worker (default ``ddp``).
+#: Tests (``tests/support/ddp_worker.py``): ``train.distributed`` of the worker (default ``ddp``).
 TEST_DISTRIBUTED_ENV = "AIAYN_TEST_DISTRIBUTED"
 
 #: Set where an aiayn process starts, unless already set. ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP

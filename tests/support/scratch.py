@@ -25,8 +25,8 @@ from pathlib import Path
 
 __all__ = ["PROJECT_ROOT", "resolved_params_yaml", "scratch_project"]
 
-#: The repository root (this file is ``<root>/pipelines/scratch.py``).
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+#: The repository root (this file is ``<root>/tests/support/scratch.py``).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def resolved_params_yaml(params_path: str | Path) -> str:
@@ -41,7 +41,7 @@ def resolved_params_yaml(params_path: str | Path) -> str:
     resolved = load_params(params_path).model_dump(mode="json")
     preset = resolved.pop("model_preset")
     resolved["model"] = {"preset": preset, **resolved["model"]}
-    return f"# resolved from {params_path} by pipelines.scratch\n" + yaml.safe_dump(resolved, sort_keys=False)
+    return f"# resolved from {params_path} by tests/support/scratch.py\n" + yaml.safe_dump(resolved, sort_keys=False)
 
 
 def _shared_remotes(source: Path) -> dict[str, dict[str, str]]:

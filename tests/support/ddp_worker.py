@@ -1,6 +1,6 @@
 """One rank of the distributed-training tests (tests/test_distributed.py), launched by torchrun.
 
-``python -m torch.distributed.run --standalone --nproc_per_node N tests/ddp_worker.py OUT CKPT MAX_STEPS GRAD_ACCUM``
+``python -m torch.distributed.run --standalone --nproc_per_node N tests/support/ddp_worker.py OUT CKPT MAX_STEPS GRAD_ACCUM``
 
 Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
 ``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
