@@ -216,27 +216,7 @@ def read_lines(path: Path) -> list[str]:
     chunks = raw.split(b"\n")
     if chunks[-1] == b"":  # final newline terminates the last line
         chunks.pop()
-    lines: list[str] = []
-    for lineno, chunk in enumerate(chunks, 1):
-        try:
-            text = chunk.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise CorpusError(
-                f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line "
-                f"({chunk[e.start:e.start + 4]!r})"
-            ) from e
-        text = text.rstrip()
-        if not text:
-            raise CorpusError(f"{path}:{lineno}: empty line")
-        bad = _BAD_CHAR.search(text)
-        if bad:
-            ch = bad.group()
-            raise CorpusError(
-                f"{path}:{lineno}: control character U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')}) "
-                f"at column {bad.start() + 1}"
-            )
-        lines.append(unicodedata.normalize("NFC", text))
-    return lines
+    return [_checked_line(path, lineno, chunk) for lineno, chunk in enumerate(chunks, 1)]
 
 
 def iter_lines(path: Path) -> Iterator[str]:
