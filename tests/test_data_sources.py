@@ -4,6 +4,7 @@ registered model name; the WMT14 config on a local stand-in of its Hugging Face 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import re
@@ -18,6 +19,7 @@ from aiayn.config import ConfigError, DataConfig, Params, params_from_dict, regi
 from aiayn.corpus import CorpusError
 from aiayn.data.sources import SOURCE_FILE, SUMS_FILE, multi30k_splits
 from aiayn.io import sha256_file
+from aiayn.recording import NullRun
 from aiayn.stages import Layout
 from aiayn.stages import corpus as corpus_stage
 from aiayn.stages import prepare as prepare_stage
@@ -175,6 +177,51 @@ def test_hygiene_counts_each_rule_and_keeps_eval_splits(tmp_path):
     assert report["splits"] == summary and report["rules"]["langid"] is True
     metrics = prepare_stage.report_metrics(report)
     assert metrics["prepare.train.dropped.contaminated"] == 1 and metrics["prepare.val.found.duplicate"] == 1
+
+
+class _SpyRun(NullRun):
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def log_metrics(self, metrics, step):
+        super().log_metrics(metrics, step)  # MLflow's rules, as every recorder checks them
+        self.calls.append(("metrics", dict(metrics), step))
+
+    def log_artifact(self, path, artifact_path=None):
+        super().log_artifact(path, artifact_path)
+        self.calls.append(("artifact", Path(path), artifact_path))
+
+    def set_tags(self, tags):
+        super().set_tags(tags)
+        self.calls.append(("tags", dict(tags)))
+
+
+class _SpyRecorder:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    @contextlib.contextmanager
+    def start(self, record):
+        self.calls.append(("start", record.stage))
+        yield _SpyRun(self.calls)
+
+
+def test_prepare_records_its_hygiene_counts_and_report(tmp_path):
+    """Issue 26: the report is logged to the tracker (its own ``prepare`` run), not only a DVC metric."""
+    dirty = list(TRAIN[:10]) + [("   ", "leer"), TEST[2]]
+    _moses(tmp_path / "c", {"train": dirty, "val": VAL, "test": TEST})
+    params = _params({"kind": "moses", "path": str(tmp_path / "c")})
+    layout = Layout(tmp_path / "proj")
+    corpus_stage.run(params, layout)
+    spy = _SpyRecorder()
+    prepare_stage.run(params, layout, spy)
+    report = json.loads(layout.prepare_report.read_text())
+    assert spy.calls[:3] == [("start", "prepare"), ("metrics", prepare_stage.report_metrics(report), 0),
+                             ("artifact", layout.prepare_report, None)]
+    tags = spy.calls[3][1]
+    assert tags["data.corpus.kind"] == "moses" and tags["data.corpus.pair"] == "en-de", tags
+    assert all(re.match(prepare_stage.RECORD.headline_tags, k) for k in tags)  # the pipeline run names the corpus
+    assert spy.calls[1][1]["prepare.train.dropped.empty"] == 1 and spy.calls[1][1]["prepare.train.dropped.contaminated"] == 1
 
 
 def test_multi30k_keeps_its_duplicates_other_corpora_drop_them(tmp_path):

@@ -663,3 +663,6 @@ def test_the_pipeline_run_description_opens_with_the_budget(tmp_path: Path, stor
     assert tracking.parent.describe_pipeline({}, {"train.budget": "complete: max_steps 2600 reached",
                                                   "train.stopped_by": "max_steps", "train.stop_step": "2600"}
                                              ).startswith("Training complete: max_steps 2600 reached")
+    described = tracking.parent.describe_pipeline({}, {"data.corpus.kind": "hf", "data.corpus.pair": "en-fr",
+                                                       "data.corpus.revision": "abc123", "data.version": "d.dir"})
+    assert "Corpus: kind hf, pair en-fr, revision abc123. Data version: `d.dir`" in described  # issue 26

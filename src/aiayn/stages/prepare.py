@@ -32,10 +32,14 @@ from aiayn.corpus import CorpusError
 from aiayn.data.hygiene import EvalChecks, LanguageId, TrainRules, check_overlaps
 from aiayn.data.sources import load_manifest, manifest_matches, multi30k_manifest, split_reader
 from aiayn.io import atomic_dir, atomic_write_json
-from aiayn.recording import NULL_RECORDER, Recorder
+from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.stages import Layout
 
-__all__ = ["run", "raw_path", "source", "report_metrics"]
+__all__ = ["run", "raw_path", "source", "report_metrics", "RECORD"]
+
+#: The stage's run: the hygiene counts (``report_metrics``), the report file as an artifact, and the
+#: corpus identity as ``data.corpus.*`` tags, which the pipeline run gets too (its data version).
+RECORD = StageRecord("prepare", headline_tags=r"^data\.corpus\.")
 
 log = logging.getLogger("aiayn")
 
@@ -66,8 +70,9 @@ def source(params: Params, layout: Layout) -> tuple[Path, dict[str, Any]]:
 
 def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict:
     """Run the stage; return the per-split report (also ``prepared/report.json``; the whole report is
-    ``layout.prepare_report``). ``recorder`` records nothing of this stage (no run of its own: the
-    report is a DVC metric).
+    ``layout.prepare_report``, a DVC metric). ``recorder`` gets a ``prepare`` run (``RECORD``) with the
+    report's counts as metrics (``report_metrics``, step 0), the report file as an artifact and the
+    corpus identity (kind, pair, name or path, revision) as ``data.corpus.*`` tags.
 
     Raises ``CorpusError``: raw files missing (telling the user to run ``aiayn fetch``) or malformed
     (file + line), misaligned files, an empty line or control character in a valid/test split, splits
@@ -108,6 +113,11 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
               "rules": {"dedup": data.dedup_on, "decontaminate": data.decontaminate, "langid": data.langid,
                         "min_words": data.min_words, "max_words": data.max_words, "max_ratio": data.max_ratio}}
     atomic_write_json(layout.prepare_report, report)
+    with recorder.start(RECORD) as tracker:
+        tracker.log_metrics(report_metrics(report), step=0)
+        tracker.log_artifact(layout.prepare_report)
+        tracker.set_tags({f"data.corpus.{k}": v for k, v in report["corpus"].items()
+                          if isinstance(v, (str, int, float, bool))})
     for split, rep in splits.items():
         drops = ", ".join(f"{rule} {n}" for rule, n in rep["dropped"].items() if n) or "nothing"
         found = ", ".join(f"{c} {n}" for c, n in checks.get(split, {}).items() if n)

@@ -143,7 +143,8 @@ def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
 
     First line: how training ended (``train.budget``; a run cut by the clock or a signal says so in bold,
     with ``train.budget_cut``). Then the headline scores (BLEU/chrF per test set, validation loss and
-    BLEU), the model choice, the data version and the code version.
+    BLEU), the model choice, the corpus (``data.corpus.*`` tags: kind, pair, revision), the data
+    version and the code version.
     """
     lines = []
     budget = tags.get("train.budget")
@@ -164,6 +165,9 @@ def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
         lines += ["", "Validation: " + ", ".join(valid)]
     if tags.get("train.selection"):
         lines += ["", f"Model: {tags['train.selection']}"]
-    lines += ["", f"Data version: `{tags.get('data.version', 'unknown')}`; code: `{tags.get('git.commit', 'no git')}`"
+    corpus = ", ".join(f"{k.removeprefix('data.corpus.')} {v}" for k, v in sorted(tags.items())
+                       if k.startswith("data.corpus."))
+    lines += ["", (f"Corpus: {corpus}. " if corpus else "")
+              + f"Data version: `{tags.get('data.version', 'unknown')}`; code: `{tags.get('git.commit', 'no git')}`"
               + (" (uncommitted changes)" if tags.get("git.dirty") == "true" else "")]
     return "\n".join(lines)
