@@ -125,11 +125,21 @@ def dvc_repro(root: str, env: dict[str, str | None]) -> list[str]:
     return ran
 
 
+def _outs_present(dvc_file: Path) -> bool:
+    """Every output a ``.dvc`` file versions exists in the workspace (a missing one cannot be cached)."""
+    import yaml
+
+    outs = (yaml.safe_load(dvc_file.read_text(encoding="utf-8")) or {}).get("outs") or []
+    return all((dvc_file.parent / o["path"]).exists() for o in outs if isinstance(o, dict) and "path" in o)
+
+
 @task(name="dvc-cache-data", cache_policy=NO_CACHE, persist_result=False)
 def dvc_cache_data(root: str) -> dict[str, str]:
     """Cache the data of each ``*.dvc`` file that matches its recorded hash, so ``dvc push`` uploads it.
 
-    Returns ``{".dvc file": "up to date" | "cached" | "differs from its .dvc file: <dvc status>"}``.
+    Returns ``{".dvc file": "up to date" | "cached" | "not in the workspace (...)" | "differs from its .dvc
+    file: <dvc status>"}``; a ``.dvc`` file whose data is absent (``data.dvc``'s Multi30k when the run reads
+    another corpus) is skipped.
     Data that differs is reported (warning), never committed: versioning a new corpus is
     a deliberate ``dvc add``, not a side effect of a scheduled run.
     """
@@ -142,6 +152,9 @@ def dvc_cache_data(root: str) -> dict[str, str]:
         return result
     with contextlib.chdir(root), Repo(root) as repo:
         for name in dvc_files:
+            if not _outs_present(Path(root) / name):  # e.g. data/multi30k with another corpus configured
+                result[name] = "not in the workspace (unused by this run: nothing to cache)"
+                continue
             changes = repo.status(targets=[name]).get(name, [])
             kinds = {v for change in changes for v in (change.get("changed outs") or {}).values()}
             only_uncached = bool(changes) and kinds == {"not in cache"} and all(set(c) == {"changed outs"} for c in changes)

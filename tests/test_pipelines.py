@@ -10,6 +10,7 @@ markdown artifact) and a pipeline whose stage fails.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 from pathlib import Path
@@ -446,19 +447,40 @@ def test_pipeline_flow_reproduces_pushes_and_reports(smoke_pipeline, prefect_har
 
 @pytest.mark.slow
 def test_pipeline_fails_with_the_failing_stage_message(tmp_path, prefect_harness, multi30k_mirror, monkeypatch):
+    """A config problem stops the flow before any stage (``aiayn check``, issue 26); a problem only the
+    data shows (a misaligned corpus) fails its stage, and the flow's message names the stage and the files."""
     from pipelines.pipeline import pipeline
     from support.scratch import scratch_project
 
+    monkeypatch.setenv("AIAYN_TRACKING", "0")
     bad = tmp_path / "bad.yaml"
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["data"]["test_splits"] = ["test_2099_missing"]
     bad.write_text(yaml.safe_dump(cfg))
     root = scratch_project(tmp_path / "project", bad)
-    monkeypatch.setenv("AIAYN_TRACKING", "0")
     state = pipeline(root=str(root), mirror=str(multi30k_mirror), push=False, return_state=True)
     assert state.is_failed()
-    assert "StageFailedError: stage prepare failed: CorpusError: raw corpus file(s) missing" in state.message
-    assert "test_2099_missing.en.gz" in state.message
+    assert "multi30k has no split test_2099_missing for en-de" in state.message and "aiayn check" in state.message
+    assert not (root / "artifacts" / "prepared").exists()
+
+    lines = {lang: gzip.decompress((multi30k_mirror / f"train.{lang}.gz").read_bytes()).decode().splitlines()
+             for lang in ("en", "de")}
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["data"] |= {"corpus": {"kind": "moses", "path": "corpora/misaligned"}, "train_split": "train",
+                    "valid_split": "val", "test_splits": ["test"]}
+    cfg.setdefault("quantize", {})["gate_split"] = "test"
+    bad.write_text(yaml.safe_dump(cfg))
+    root = scratch_project(tmp_path / "mine", bad)
+    corpus = root / "corpora" / "misaligned"
+    corpus.mkdir(parents=True)
+    for split, (a, b) in {"train": (0, 200), "val": (200, 240), "test": (240, 280)}.items():
+        for lang, text in lines.items():
+            kept = text[a:b - 1] if (split, lang) == ("train", "de") else text[a:b]  # train.de one line short
+            (corpus / f"{split}.{lang}").write_text("".join(t + "\n" for t in kept), encoding="utf-8")
+    state = pipeline(root=str(root), push=False, return_state=True)
+    assert state.is_failed()
+    assert "StageFailedError: stage prepare failed: CorpusError: misaligned corpus" in state.message, state.message
+    assert "train.en" in state.message and "train.de" in state.message and "199" in state.message
     assert not (root / "artifacts" / "prepared").exists()
 
 

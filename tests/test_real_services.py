@@ -188,6 +188,7 @@ def test_dvc_pull_into_a_fresh_copy_restores_identical_files(stack, pipeline_run
         for f in files:
             assert (a / f).read_bytes() == (b / f).read_bytes(), f"{out}/{f}"
     for path in uncached:  # small metrics and plot files DVC leaves to git (cache: false)
+        (fresh / path).parent.mkdir(parents=True, exist_ok=True)
         (fresh / path).write_bytes((project / path).read_bytes())
     with Repo(str(fresh)) as repo:
         assert not repo.status()  # every stage up to date in the fresh copy

@@ -100,16 +100,22 @@ def test_mlflow_models_serve_without_a_reachable_registry_exits_with_a_message(w
     assert proc.returncode == 2 and "unreachable" in proc.stderr, proc.stderr[-2000:]
 
 
-def _wait_decoding(url: str, n: int, timeout: float = 60) -> None:
-    """Until the server's ``aiayn_requests_decoding`` gauge reads ``n`` (requests accepted, not yet
-    answered): a signal sent after this finds them in flight, whatever the host's speed."""
+def _wait_all_arrived(url: str, n: int, timeout: float = 60) -> int:
+    """Until all ``n`` requests reached the server (``aiayn_requests_decoding``, accepted and not yet
+    answered, plus ``aiayn_requests_total{status="200"}``, answered); returns how many are still in
+    flight then. A signal sent after this finds every request accepted, whatever the host's speed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        found = {"decoding": 0.0, "answered": 0.0}
         for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("aiayn_requests_decoding ") and float(line.split()[1]) >= n:
-                return
+            if line.startswith("aiayn_requests_decoding "):
+                found["decoding"] = float(line.split()[1])
+            elif line.startswith('aiayn_requests_total{status="200"} '):
+                found["answered"] = float(line.split()[1])
+        if found["decoding"] + found["answered"] >= n:
+            return int(found["decoding"])
         time.sleep(0.02)
-    raise AssertionError(f"{n} requests never were in flight at once at {url}")
+    raise AssertionError(f"{n} requests never all reached {url}")
 
 
 def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path):
@@ -128,9 +134,10 @@ def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path
 
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(one, i) for i in range(8)]
-            _wait_decoding(url, 8)  # every request accepted (waiting in the 1 s batching window) before the signal
+            in_flight = _wait_all_arrived(url, 8)  # every request accepted; some wait in the 1 s batching window
             proc.send_signal(signal.SIGTERM)
             answers = [f.result() for f in futures]
+        assert in_flight >= 1, "every request was answered before the signal: nothing was left to drain"
         assert [a.status_code for a in answers] == [200] * 8
         assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful shutdown
     finally:
