@@ -348,7 +348,9 @@ def test_multi30k_snapshot_is_verified_and_byte_identical(multi30k_mirror, tmp_p
     assert summary["identity"] == {"kind": "multi30k", "pair": "en-fr", "path": "data/multi30k"}
     for name in summary["splits"]["train"]:
         assert sha256_file(layout.corpus / name) == sha256_file(multi30k_mirror / name)
-    with open(layout.raw / "val.fr.gz", "ab") as f:
+    corrupt = layout.raw / "val.fr.gz"
+    corrupt.chmod(0o644)  # the mirror may be read-only (copytree keeps its modes)
+    with open(corrupt, "ab") as f:
         f.write(b"\0")
     with pytest.raises(CorpusError, match=r"val.fr.gz: sha256 .*expected"):
         corpus_stage.run(params, layout)

@@ -93,6 +93,10 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
         import subprocess
 
         subprocess.run(["git", "init", "-q", str(dest)], check=True, capture_output=True)
+        for key, value in (("user.name", "aiayn tests"), ("user.email", "tests@aiayn.invalid")):
+            # `dvc exp run` commits into git refs: a user account without a git identity (CI, a new
+            # user) must still run the tests
+            subprocess.run(["git", "-C", str(dest), "config", key, value], check=True, capture_output=True)
     with Repo.init(str(dest), no_scm=not git) as repo:
         with repo.config.edit() as conf:
             conf["core"]["remote"] = "local"
