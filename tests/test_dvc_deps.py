@@ -10,12 +10,12 @@ modules in ``CANNOT_CHANGE_AN_OUTPUT``, each with its reason.
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from support.imports import imported_names
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -62,16 +62,10 @@ def imported_files(path: Path) -> set[Path]:
     else:
         package = package.rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            names.add(base)
-            names.update(f"{base}.{a.name}" for a in node.names)  # `from aiayn import x` imports module x
+    for module, name in imported_names(path, package):
+        names.add(module)
+        if name is not None:
+            names.add(f"{module}.{name}")  # `from aiayn import x` imports module x
     files = set()
     for name in names:
         if name.split(".")[0] in OURS:

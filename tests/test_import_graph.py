@@ -12,8 +12,9 @@ ordinary layout and Python resolves it; a submodule that takes a *name* from its
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from support.imports import imported_names
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,16 +37,9 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The modules of ``known`` that module ``name`` (file ``path``) imports, at any depth of its source."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            targets.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            for a in node.names:
-                targets.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    for module, imported in imported_names(path, package):
+        full = f"{module}.{imported}"
+        targets.add(full if imported is not None and full in known else module)
     edges = set()
     for target in targets:
         while target and target not in known:  # `import aiayn.x.Name`-like spellings: the module above

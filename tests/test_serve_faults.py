@@ -35,9 +35,7 @@ OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
-    tok = tiny.tokenizer(root)
-    layout = tiny.project(root / "proj", tok)
-    return {"root": root, "bundle": tiny.ct2_bundle(root, layout, tok, OPTIONS), "en": tiny.corpus(64, 3)[0]}
+    return {"root": root, "bundle": tiny.serving_bundle(root, OPTIONS), "en": tiny.corpus(64, 3)[0]}
 
 
 class ServeProcess:

@@ -46,6 +46,7 @@ __all__ = [
     "FILTER_RULES",
     "fetch_corpus",
     "read_lines",
+    "decode_utf8_line",
     "iter_lines",
     "iter_line_chunks",
     "read_parallel",
@@ -270,15 +271,20 @@ def _checked_chunk(path: Path, first: int, raw: list[bytes]) -> list[str]:
     return [_checked_line(path, first + i, chunk) for i, chunk in enumerate(raw)]  # raises at the bad line
 
 
-def _checked_line(path: Path, lineno: int, chunk: bytes) -> str:
+def decode_utf8_line(raw: bytes, display: str | Path, lineno: int) -> str:
+    """One line's bytes as text; ``CorpusError`` naming ``display:lineno``, the byte offset and the bytes
+    when they are not UTF-8 (the one message every corpus reader gives)."""
     try:
-        text = chunk.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        chunk = chunk.rstrip(b"\n")
+        chunk = raw.rstrip(b"\r\n")
         raise CorpusError(
-            f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line ({chunk[e.start:e.start + 4]!r})"
+            f"{display}:{lineno}: invalid UTF-8 at byte {e.start} of the line ({chunk[e.start:e.start + 4]!r})"
         ) from e
-    text = text.rstrip()
+
+
+def _checked_line(path: Path, lineno: int, chunk: bytes) -> str:
+    text = decode_utf8_line(chunk, path, lineno).rstrip()
     if not text:
         raise CorpusError(f"{path}:{lineno}: empty line")
     bad = _BAD_CHAR.search(text)

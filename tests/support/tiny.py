@@ -81,6 +81,13 @@ def ct2_bundle(root: Path, layout: Layout, tok: Tokenizer, decode: DecodeOptions
                         compute_type="float32", decode=decode, card=CARD)
 
 
+def serving_bundle(root: Path, decode: DecodeOptions) -> Path:
+    """A ct2 bundle of a fresh tiny model under ``root`` (its tokenizer and project beside it): what the
+    serving tests put behind ``aiayn serve``."""
+    tok = tokenizer(root)
+    return ct2_bundle(root, project(root / "proj", tok), tok, decode)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     import socket

@@ -21,7 +21,7 @@ import unicodedata
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from aiayn.corpus import CorpusError
+from aiayn.corpus import CorpusError, decode_utf8_line
 
 __all__ = ["iter_lines", "MosesPairs", "TsvPairs", "JsonlPairs", "PairReader", "clean"]
 
@@ -36,13 +36,7 @@ def clean(text: str) -> str:
 
 
 def _decode(raw: bytes, display: str, lineno: int) -> str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        chunk = raw.rstrip(b"\r\n")
-        raise CorpusError(
-            f"{display}:{lineno}: invalid UTF-8 at byte {e.start} of the line ({chunk[e.start:e.start + 4]!r})"
-        ) from e
+    text = decode_utf8_line(raw, display, lineno)
     if lineno == 1 and text.startswith(_BOM):
         text = text[1:]
     return text

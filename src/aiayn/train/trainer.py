@@ -526,12 +526,8 @@ def train(
     valid_split: EncodedSplit | None,
     checkpoint_dir: str | Path,
     *,
-    data_id: str = "",
-    on_metrics: MetricsFn | None = None,
-    on_step: StepFn | None = None,
     resume: bool = True,
-    world: World | None = None,
-    valid_scorer: ScorerFn | None = None,
+    **options: Any,
 ) -> TrainResult:
     """Train (or resume training) a Transformer; checkpoints go to ``checkpoint_dir``.
 
@@ -543,6 +539,8 @@ def train(
         checkpoint_dir: where ``ckpt_*`` files are written; a compatible latest
             checkpoint there (same ``config_fingerprint``) is resumed when
             ``resume`` is true; an incompatible one is ignored with a warning.
+        resume: continue the newest compatible checkpoint in ``checkpoint_dir``.
+        options: ``Trainer``'s keyword arguments, each below.
         data_id: a string identifying the training data (e.g. its hash); part of
             the fingerprint.
         on_metrics: called as ``on_metrics({"loss": ..., "lr": ...}, step)``
@@ -579,7 +577,6 @@ def train(
     On SIGTERM/SIGINT the loop writes a checkpoint at the current step and
     returns with ``stopped_by="signal"``.
     """
-    trainer = Trainer(model_cfg, train_cfg, train_split, valid_split, checkpoint_dir, data_id=data_id,
-                      on_metrics=on_metrics, on_step=on_step, world=world, valid_scorer=valid_scorer)
+    trainer = Trainer(model_cfg, train_cfg, train_split, valid_split, checkpoint_dir, **options)
     trainer.setup(resume=resume)
     return trainer.train()
