@@ -25,6 +25,9 @@ from there with this venv) and this checkout, same bundle, same settings, rounds
 before/after; the table gives sentences/s and p95 of each and their ratio, e.g.
 
     python benchmarks/serve_load.py --bundle artifacts/export --clients 1 32 100 --rounds 5 --before 5039383
+
+``--serve-args '--no-scores'`` adds flags to this checkout's service only (issue 27: the cost of a
+score in every answer, measured against the service before it had one).
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ def service_command(root: Path | None, args: argparse.Namespace, port: int, log:
              "--max-batch-sentences", str(args.max_batch_sentences), "--max-wait-ms", str(args.max_wait_ms),
              "--workers", str(args.workers), "--threads", str(args.threads), "--log-path", str(log)]
     if root is None:
-        return [str(BIN / "aiayn"), *serve]
+        return [str(BIN / "aiayn"), *serve, *args.serve_args.split()]
     boot = (f"import sys; sys.path[:0] = [{str(root / 'src')!r}, {str(root)!r}]; "
             "from aiayn.cli import main; sys.argv[0] = 'aiayn'; main()")
     return [sys.executable, "-c", boot, *serve]
@@ -189,7 +192,7 @@ def before_after(args: argparse.Namespace, lines: list[str], tmp: Path) -> int:
     finally:
         for server, _ in sides.values():
             stop_service(server)
-    print(f"Before = git {args.before}, after = this checkout. Requests of 1-{args.most} sentences, {args.rounds} "
+    print(f"Before = git {args.before}, after = this checkout{(' with ' + args.serve_args) if args.serve_args else ''}. Requests of 1-{args.most} sentences, {args.rounds} "
           f"alternating rounds of {args.requests} requests (at least 2 per client); bundle {args.bundle}; service: "
           f"max batch {args.max_batch_sentences}, max wait {args.max_wait_ms} ms, workers {args.workers}, "
           f"threads {args.threads}. sent/s: median (min-max) of the rounds; p95 over every request of the rounds.\n")
@@ -218,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", choices=("aiayn", "litserve"), default="aiayn")
     ap.add_argument("--no-log", action="store_true", help="litserve only: without the durable request log")
     ap.add_argument("--before", metavar="REV", help="compare with the service of git revision REV (see above)")
+    ap.add_argument("--serve-args", default="", help="with --before: more `aiayn serve` flags for this checkout's "
+                    "service, e.g. '--no-scores'")
     args = ap.parse_args(argv)
 
     lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]

@@ -420,6 +420,26 @@ def test_bad_requests_get_4xx_naming_the_problem_and_nothing_is_logged(shared_se
     assert count() == before + 1
 
 
+def test_no_scores_skips_the_scoring_pass_and_keeps_the_translations(world, tmp_path, monkeypatch):
+    """``--no-scores``: plain answers are ``translate_ids``'s translations without a ``"scores"`` key and
+    without the teacher-forced pass (``score_ids`` never called); an ``n_best`` request is still scored."""
+    from dataclasses import replace
+
+    from aiayn.decoders import CT2Decoder
+
+    calls = []
+    real = CT2Decoder.score_ids
+    monkeypatch.setattr(CT2Decoder, "score_ids", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    src = world["en"][:3] + [""]
+    with Server(replace(_service_config(world, tmp_path), scores=False)) as s, \
+            httpx.Client(base_url=s.url, timeout=30) as c:
+        plain = c.post("/translate", json={"sentences": src}).json()
+        assert not calls
+        nbest = c.post("/translate", json={"sentences": src, "n_best": 2}).json()
+    assert "scores" not in plain and plain["translations"] == BundlePredictor(world["ct2"]).translator.translate(src, OPTIONS)
+    assert calls and len(nbest["scores"]) == 4 and nbest["translations"] == plain["translations"]
+
+
 def test_n_best_with_scores_and_a_score_for_every_sentence(world, shared_service):
     s, cfg = shared_service
     src = world["en"][:3] + [""]

@@ -406,6 +406,7 @@ def serve(
     log_url: Annotated[Optional[str], typer.Option(help="PostgreSQL request log shared by replicas, postgresql://USER:PASSWORD@HOST:PORT/DB (default env AIAYN_REQUEST_LOG_URL; else --log-path).")] = None,
     retention_days: Annotated[float, typer.Option(help="Delete logged requests older than this (days).")] = 30.0,
     prune_every_s: Annotated[Optional[float], typer.Option(help="How often retention runs (seconds; default a tenth of --retention-days, 1 s to 1 h).")] = None,
+    scores: Annotated[bool, typer.Option("--scores/--no-scores", help="A score per translation in every answer (CTranslate2 bundles: one more teacher-forced pass, ~1.2x decode time; n_best answers are always scored).")] = True,
 ) -> None:
     """Serve translations over HTTP (POST /translate) with micro-batching and a durable request log."""
     setup_logging()
@@ -428,7 +429,7 @@ def serve(
                       threads=threads, max_sentences=max_sentences, max_body_bytes=max_body_bytes,
                       max_request_tokens=max_request_tokens, body_timeout_s=body_timeout_s, drain_s=drain_s,
                       poll_s=poll_s, log_path=log_path, log_url=log_url or Settings.from_env().request_log_url,
-                      retention_days=retention_days, prune_every_s=prune_every_s)
+                      retention_days=retention_days, prune_every_s=prune_every_s, scores=scores)
     try:
         run_service(cfg, sock)
     except Exception as e:  # noqa: BLE001 - start-up failures (registry unreachable, bad bundle): one line

@@ -6,6 +6,7 @@ Endpoints (JSON unless noted):
   ``{"translations": [...], "scores": [...], "model": {"name", "version", "variant"}, "request_id"}``
   plus, with ``n_best``, ``"nbest": [[{"translation", "score"}, ...], ...]`` (per sentence, best
   first). A score is the length-normalised log-probability (``aiayn.translate.ScoredLine``).
+  ``--no-scores`` (``ServeConfig.scores``) leaves ``"scores"`` out of answers without ``n_best``.
 - ``GET /health`` (the process is alive; never waits on decoding), ``GET /ready`` (a model is
   loaded and the service is not draining: 200, else 503), ``GET /metadata`` (the bundle's model
   card + the served version), ``GET /metrics`` (Prometheus text: requests by status, errors by
@@ -20,7 +21,9 @@ How a request is served:
    ``Translator.prepare`` (``aiayn translate``'s input rules; long lines split), both in a worker
    thread: the event loop, and with it ``/health``, never waits on a large request.
 3. The units join a **micro-batch** (``aiayn.microbatch.MicroBatcher``), decoded with
-   ``Decoder.translate_hyps`` (the 1-best of ``translate_ids`` plus scores). While it waits and
+   ``Decoder.translate_hyps`` (the 1-best of ``translate_ids`` plus scores; a CTranslate2 bundle
+   scores its outputs in a second, teacher-forced pass, ``aiayn.decoders``: ~1.2x the decode time at
+   beam 4, docs/benchmarks.md "Serving load"), or with ``--no-scores`` ``translate_ids`` alone. While it waits and
    decodes, the connection is watched: a client that hangs up gets its request dropped (from the
    queue, or its result discarded), answered 499 in the metrics and never logged as served.
 4. Every answered sentence is written to the **request log** (``aiayn.request_log``: SQLite, or
@@ -67,6 +70,7 @@ import numpy as np
 from fastapi import Request  # runtime name: FastAPI reads the endpoint's annotation
 
 from aiayn.config import UNK_ID
+from aiayn.decode import Hypothesis
 from aiayn.decoders import DecodeOptions
 from aiayn.microbatch import MicroBatcher
 from aiayn.request_log import LogWriteError, RequestLog, open_request_log
@@ -107,6 +111,7 @@ class ServeConfig:
     busy_timeout_ms: int = 10_000
     body_timeout_s: float = 10.0  # the whole request body must arrive within this (else 408)
     drain_s: float = 30.0  # graceful shutdown: requests in flight get this long to finish
+    scores: bool = True  # a score per translation in every answer (costs one teacher-forced pass: module doc)
 
     @property
     def log_target(self) -> str | Path:
@@ -156,10 +161,16 @@ class _Job:
 
     options: DecodeOptions
     n_best: int
+    scores: bool = True
 
 
 def _decode_hyps(model: ServedModel, units: list[np.ndarray], job: _Job) -> list:
-    return model.translator.decoder.translate_hyps(units, job.options, n_best=job.n_best)
+    """Per unit, its hypotheses: scored (``Decoder.translate_hyps``) unless ``job.scores`` is off, then
+    the 1-best alone (``translate_ids``, no scoring pass) with a NaN score."""
+    decoder = model.translator.decoder
+    if not job.scores:
+        return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in decoder.translate_ids(units, job.options)]
+    return decoder.translate_hyps(units, job.options, n_best=job.n_best)
 
 
 # --------------------------------------------------------------------------- state, registry, retention
@@ -340,9 +351,10 @@ def _answer(model: ServedModel, req: TranslateRequest, job: _Job, prepared: Prep
     """The response body and each sentence's output tokens (1-best)."""
     tr = model.translator
     lines: list[list[ScoredLine]] = tr.scored_lines(prepared.spans, hyps, len_penalty=job.options.len_penalty)
-    body: dict[str, Any] = {"translations": [ln[0].text for ln in lines],
-                            "scores": [_finite(ln[0].score) for ln in lines],
-                            "model": model.public, "request_id": request_id}
+    body: dict[str, Any] = {"translations": [ln[0].text for ln in lines]}
+    if job.scores:
+        body["scores"] = [_finite(ln[0].score) for ln in lines]
+    body |= {"model": model.public, "request_id": request_id}
     if req.n_best is not None:
         body["nbest"] = [[{"translation": s.text, "score": _finite(s.score)} for s in ln] for ln in lines]
     out_tokens = [sum(len(hyps[k][0].tokens) for k in range(a, b) if hyps[k]) for a, b in prepared.spans]
@@ -459,7 +471,7 @@ def _translate_route(app, state: _State) -> None:
             if model is None:
                 raise RequestError(503, "not_ready", "the model is still loading")
             options = replace(model.options, beam_size=req.beam_size or model.options.beam_size)
-            job = _Job(options, req.n_best or 1)
+            job = _Job(options, req.n_best or 1, scores=cfg.scores or req.n_best is not None)
             if job.n_best > options.beam_size:
                 raise RequestError(422, "invalid_field", f"'n_best' ({job.n_best}) must not exceed the beam size "
                                    f"({options.beam_size}): ask for a larger 'beam_size'")
