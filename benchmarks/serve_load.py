@@ -26,7 +26,7 @@ before/after; the table gives sentences/s and p95 of each and their ratio, e.g.
 
     python benchmarks/serve_load.py --bundle artifacts/export --clients 1 32 100 --rounds 5 --before 5039383
 
-``--serve-args '--no-scores'`` adds flags to this checkout's service only (issue 27: the cost of a
+``--serve-args=--no-scores`` adds flags to this checkout's service only (issue 27: the cost of a
 score in every answer, measured against the service before it had one).
 """
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-log", action="store_true", help="litserve only: without the durable request log")
     ap.add_argument("--before", metavar="REV", help="compare with the service of git revision REV (see above)")
     ap.add_argument("--serve-args", default="", help="with --before: more `aiayn serve` flags for this checkout's "
-                    "service, e.g. '--no-scores'")
+                    "service, e.g. --serve-args=--no-scores")
     args = ap.parse_args(argv)
 
     lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]
