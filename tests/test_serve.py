@@ -399,7 +399,7 @@ def test_translate_happy_path_health_metadata_metrics(world, service):
     ({"json": {}}, 422, "missing field 'sentences'"),
     ({"json": {"sentences": "a man"}}, 422, "must be a list"),
     ({"json": {"sentences": []}}, 422, "empty"),
-    ({"json": {"sentences": ["a", 3]}}, 422, "'sentences'[1] must be a string"),
+    ({"json": {"sentences": ["a", 3]}}, 422, "sentences[1] must be a string"),
     ({"json": {"sentences": ["a"] * 9}}, 422, "over the limit of 8"),
     ({"json": {"sentences": ["a"], "beam_size": 0}}, 422, "beam_size"),
     ({"json": {"sentences": ["a"], "beam_size": "4"}}, 422, "beam_size"),

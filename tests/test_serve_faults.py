@@ -103,7 +103,7 @@ def post_raw(url: str, body: bytes, timeout: float = 60) -> httpx.Response:
     (b'{"sentences":["A dog."],"beam_size":1' + b"0" * 5000 + b"}", "invalid_json", "4300 digits"),  # case 1
     (b'{"sentences": ' + b"[" * 1000 + b"]" * 1000 + b"}", "invalid_json", "nested too deeply"),  # case 2
     (b'{"sentences": ' + b"[" * 50000 + b"]" * 50000 + b"}", "invalid_json", "nested too deeply"),
-    (b'{"sentences":["\\ud800 A man rides a bike."]}', "invalid_text", "'sentences'[0]"),  # case 3
+    (b'{"sentences":["\\ud800 A man rides a bike."]}', "invalid_text", "sentences[0] holds a lone UTF-16 surrogate"),  # case 3
 ])  # fmt: skip
 def test_hostile_json_is_a_counted_400_naming_the_problem(server, body, kind, needle):
     before = (server.metric("aiayn_requests_total", status="400"), server.metric("aiayn_errors_total", kind=kind),

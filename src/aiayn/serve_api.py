@@ -54,7 +54,7 @@ class TranslateRequest(BaseModel):
     def _no_lone_surrogates(cls, sentences: list[str]) -> list[str]:
         for i, s in enumerate(sentences):
             if m := _SURROGATE.search(s):
-                raise PydanticCustomError("lone_surrogate", f"'sentences'[{i}] holds a lone UTF-16 surrogate "
+                raise PydanticCustomError("lone_surrogate", f"sentences[{i}] holds a lone UTF-16 surrogate "
                                           f"(\\u{ord(m.group()):04x} at character {m.start()}): not a Unicode "
                                           "character, send valid text")
         return sentences
@@ -109,7 +109,7 @@ def _explain(errors: list[dict[str, Any]], payload: Any, model: type[TranslateRe
             return RequestError(400, "invalid_text", err["msg"])
         if len(loc) > 1:
             return RequestError(422, "invalid_field",
-                                f"'sentences'[{loc[1]}] must be a string, got {type(err['input']).__name__}")
+                                f"sentences[{loc[1]}] must be a string, got {type(err['input']).__name__}")
         if kind == "too_short":
             return RequestError(422, "invalid_field", "'sentences' is empty: send at least one sentence")
         if kind == "too_long":
@@ -174,6 +174,6 @@ def listen(host: str, port: int, *, backlog: int = 2048) -> socket.socket:
     except OSError as e:
         sock.close()
         why = "the port is already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-        raise OSError(f"cannot listen on {host}:{port}: {why} (port {port})") from None
+        raise OSError(f"cannot listen on {host}:{port}: {why}") from None
     sock.set_inheritable(True)
     return sock
