@@ -28,9 +28,12 @@ from aiayn.train import train
 
 
 def timed_run(params, split, steps: int) -> tuple[float, int]:
-    """(seconds, target tokens) of ``steps`` updates of ``params.train`` from scratch (no validation, no checkpoint)."""
+    """(seconds, target tokens) of ``steps`` updates of ``params.train`` from scratch (no validation, no checkpoint,
+    no early stopping: the config's per-epoch validation and patience are switched off for the timing)."""
     cfg = params.train.model_copy(update={"max_steps": steps, "validate_every": 10**9, "checkpoint_every": 10**9,
-                                          "max_time_s": None, "log_every": 10**9})
+                                          "max_time_s": None, "log_every": 10**9, "epoch_checkpoints": False,
+                                          "early_stop": params.train.early_stop.model_copy(update={"metric": None}),
+                                          "valid_bleu": params.train.valid_bleu.model_copy(update={"enabled": False})})
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         res = train(params.model, cfg, split, None, tmp, resume=False)
