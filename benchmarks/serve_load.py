@@ -192,7 +192,8 @@ def before_after(args: argparse.Namespace, lines: list[str], tmp: Path) -> int:
     finally:
         for server, _ in sides.values():
             stop_service(server)
-    print(f"Before = git {args.before}, after = this checkout{(' with ' + args.serve_args) if args.serve_args else ''}. Requests of 1-{args.most} sentences, {args.rounds} "
+    after = f"this checkout with {args.serve_args}" if args.serve_args else "this checkout"
+    print(f"Before = git {args.before}, after = {after}. Requests of 1-{args.most} sentences, {args.rounds} "
           f"alternating rounds of {args.requests} requests (at least 2 per client); bundle {args.bundle}; service: "
           f"max batch {args.max_batch_sentences}, max wait {args.max_wait_ms} ms, workers {args.workers}, "
           f"threads {args.threads}. sent/s: median (min-max) of the rounds; p95 over every request of the rounds.\n")
