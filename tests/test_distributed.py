@@ -45,13 +45,20 @@ def steps_of(out: Path) -> dict:
     return json.loads((out / "steps.json").read_text())
 
 
-def one_process(tmp_path: Path, max_steps: int, grad_accum: int, name: str = "one"):
-    """The reference: one process, grad_accum batches per update, 1 thread like each torchrun rank."""
+#: The loss path each mode runs: FSDP takes the plain logits path (its sharded output weight is not whole outside
+#: the forward), so its one-process reference does too; DDP and one process take the default fused loss.
+LOSS_PATH = {"ddp": {}, "fsdp": {"loss_chunk_tokens": None}}
+
+
+def one_process(tmp_path: Path, max_steps: int, grad_accum: int, name: str = "one", mode: str = "ddp"):
+    """The reference: one process, grad_accum batches per update, 1 thread like each torchrun rank, the loss
+    path of ``mode`` (``LOSS_PATH``)."""
     per_step: dict[int, list[float]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20),
+        result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
+                                  **LOSS_PATH[mode]),
                        synthetic_split(96), None, tmp_path / name,
                        on_step=lambda s, m: per_step.__setitem__(s, [m["loss"], m["tokens"], m["grad_norm"]]))
     finally:
@@ -133,7 +140,7 @@ def test_two_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_path
     half as large: Adam and clipping hide most of that in the weights), shows in the
     per-step gradient norm, so it is compared too.
     """
-    ref, ref_steps = one_process(tmp_path, STEPS, 2)
+    ref, ref_steps = one_process(tmp_path, STEPS, 2, mode=mode)
     torchrun(2, tmp_path / "ddp", tmp_path / "ddp_ckpt", STEPS, 2, mode=mode)
     ddp = steps_of(tmp_path / "ddp")
     assert ddp["step"] == ref.step == STEPS
@@ -144,7 +151,7 @@ def test_two_ranks_compute_the_updates_of_one_process_with_grad_accum_2(tmp_path
         assert got[s][2] == pytest.approx(ref_steps[s][2], rel=1e-4), f"grad norm of step {s}"
     assert_close_weights(load_file(str(tmp_path / "ddp" / "weights.safetensors")), weights(ref.model))
     # and the check can fail: a different grad_accum is a different run
-    other, _ = one_process(tmp_path, STEPS, 1, name="other")
+    other, _ = one_process(tmp_path, STEPS, 1, name="other", mode=mode)
     with pytest.raises(AssertionError):
         assert_close_weights(load_file(str(tmp_path / "ddp" / "weights.safetensors")), weights(other.model))
 
@@ -188,7 +195,7 @@ def test_sigterm_to_torchrun_then_rerun_equals_the_uninterrupted_run_and_resumes
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        one = train(MODEL, cfg(max_steps=total, grad_accum=2, checkpoint_every=5, keep_checkpoints=20),
+        one = train(MODEL, cfg(max_steps=total, grad_accum=2, checkpoint_every=5, keep_checkpoints=20, **LOSS_PATH[mode]),
                     synthetic_split(96), None, tmp_path / "cut_ckpt_for_one")
     finally:
         torch.set_num_threads(threads)

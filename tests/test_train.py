@@ -12,7 +12,13 @@ from aiayn.batching import EpochBatchIterator, make_batches
 from aiayn.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from aiayn.config import PAD_ID, ModelConfig, TrainConfig
 from aiayn.tokenizer import EncodedSplit
-from aiayn.train import inverse_sqrt_lr, label_smoothed_cross_entropy, train
+from aiayn.train import (
+    inverse_sqrt_lr,
+    label_smoothed_cross_entropy,
+    learning_rate,
+    linear_label_smoothed_cross_entropy,
+    train,
+)
 
 VOCAB = 40
 MODEL = ModelConfig(vocab_size=VOCAB, d_model=32, n_heads=2, d_ff=64, n_layers=1, dropout=0.1, attention_backend="sdpa")
@@ -84,6 +90,77 @@ def test_appending_pad_tokens_leaves_loss_unchanged():
     b = label_smoothed_cross_entropy(padded_logits, padded_target, label_smoothing=0.1)
     assert a[2] == b[2] == 6
     assert torch.allclose(a[0], b[0]) and torch.allclose(a[1], b[1])
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 512])
+def test_chunked_linear_loss_equals_logits_then_loss_with_its_gradients(eps, chunk_tokens):
+    """The fused output projection + loss: the same loss, NLL, count and gradients (hidden and the tied
+    weight) as projecting to (B, T, V) logits and taking label_smoothed_cross_entropy, pads ignored."""
+    torch.manual_seed(2)
+    hidden = torch.randn(3, 6, 8, requires_grad=True)
+    weight = torch.randn(13, 8, requires_grad=True)
+    target = torch.tensor([[4, 5, 6, 3, PAD_ID, PAD_ID], [7, 8, 9, 10, 11, 3], [PAD_ID] * 6])
+    want = label_smoothed_cross_entropy(hidden @ weight.T, target, label_smoothing=eps)
+    (want[0] * 0.3).backward()
+    want_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    got = linear_label_smoothed_cross_entropy(hidden, weight, target, label_smoothing=eps, chunk_tokens=chunk_tokens)
+    (got[0] * 0.3).backward()
+    assert got[2] == want[2] == 10
+    assert torch.allclose(got[0], want[0], rtol=1e-5) and torch.allclose(got[1], want[1], rtol=1e-5)
+    assert not got[1].requires_grad
+    assert torch.allclose(hidden.grad, want_grads[0], atol=1e-6) and torch.allclose(weight.grad, want_grads[1], atol=1e-6)
+    assert hidden.grad[2].abs().sum() == 0  # the all-pad row gets no gradient
+
+
+def test_chunked_linear_loss_refuses_what_it_cannot_do():
+    h, w, t = torch.randn(2, 3, 4), torch.randn(9, 4), torch.tensor([[4, 5, 3], [6, 3, PAD_ID]])
+    with pytest.raises(ValueError, match="float32"):
+        linear_label_smoothed_cross_entropy(h.bfloat16(), w, t, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        linear_label_smoothed_cross_entropy(h, w, t, label_smoothing=0.1, chunk_tokens=0)
+
+
+def test_training_with_the_chunked_loss_follows_the_plain_path(tmp_path):
+    """Same seeds, same batches: the fused loss (the default) and the plain logits path train to the same
+    weights up to float32 rounding (not bit for bit: another summation order)."""
+    split = synthetic_split()
+    fused = train(MODEL, cfg(max_steps=3), split, None, tmp_path / "fused")
+    plain = train(MODEL, cfg(max_steps=3, loss_chunk_tokens=None), split, None, tmp_path / "plain")
+    assert fused.losses.keys() == plain.losses.keys() == {1, 2, 3}
+    assert all(abs(fused.losses[k] - plain.losses[k]) < 1e-4 for k in fused.losses)
+    for (name, a), (_, b) in zip(weights(fused.model).items(), weights(plain.model).items()):
+        if name.endswith("k_proj.bias"):  # a key bias shifts every score of a query alike: its gradient is 0 up to
+            continue  # rounding, which Adam's normalisation blows up to lr-sized steps on either path
+        assert torch.allclose(a, b, atol=1e-4), name
+
+
+def test_linear_decay_shares_the_warmup_and_peak_then_anneals_to_zero_at_max_steps():
+    kw = dict(d_model=256, warmup_steps=100, lr_scale=2.0)
+    for step in (1, 50, 100):  # the warmup is eq. (3)'s
+        assert math.isclose(learning_rate(step, decay="linear", max_steps=500, **kw), inverse_sqrt_lr(step, **kw))
+    peak = inverse_sqrt_lr(100, **kw)
+    assert math.isclose(learning_rate(300, decay="linear", max_steps=500, **kw), peak * 201 / 401)
+    assert learning_rate(500, decay="linear", max_steps=500, **kw) > 0  # the last update still learns
+    assert learning_rate(501, decay="linear", max_steps=500, **kw) == 0.0
+    assert learning_rate(300, max_steps=500, **kw) == inverse_sqrt_lr(300, **kw)  # the default is the paper's
+    with pytest.raises(ValueError, match="max_steps"):
+        learning_rate(10, decay="linear", max_steps=100, **kw)
+    with pytest.raises(ValueError, match="unknown lr decay"):
+        learning_rate(10, decay="cosine", max_steps=500, **kw)
+    with pytest.raises(ValueError, match="lr_decay=linear"):
+        TrainConfig(lr_decay="linear", max_steps=100, warmup_steps=100)
+
+
+def test_the_trainer_follows_the_configured_lr_decay(tmp_path):
+    logged: list[tuple[int, dict]] = []
+    train(MODEL, cfg(max_steps=6, lr_decay="linear"), synthetic_split(), None, tmp_path,
+          on_metrics=lambda m, s: logged.append((s, m)))
+    lrs = {s: m["lr"] for s, m in logged if "lr" in m}
+    want = {s: learning_rate(s, d_model=MODEL.d_model, warmup_steps=4, lr_scale=2.0, decay="linear", max_steps=6)
+            for s in range(1, 7)}
+    assert lrs.keys() == want.keys() and all(math.isclose(lrs[s], want[s], rel_tol=1e-6) for s in want)
 
 
 def test_inverse_sqrt_schedule_is_paper_eq3():
@@ -303,18 +380,18 @@ def test_checkpoint_step_reads_the_names_list_checkpoints_finds(tmp_path):
 def test_non_finite_updates_are_skipped_counted_and_logged_then_raise(tmp_path, monkeypatch):
     import aiayn.train.trainer as train_module  # the loop's module: where it looks the loss up
 
-    real = train_module.label_smoothed_cross_entropy
+    real = train_module.linear_label_smoothed_cross_entropy  # the default (fused) loss
     poisoned = {3, 4}  # optimizer updates whose loss is made non-finite
     calls = {"n": 0}
 
-    def spiky(logits, target, **kw):
+    def spiky(*args, **kw):
         calls["n"] += 1  # one call per batch; grad_accum 1: call n is update n
-        loss, nll, n = real(logits, target, **kw)
+        loss, nll, n = real(*args, **kw)
         return (loss * float("inf") if calls["n"] in poisoned else loss), nll, n
 
     split = synthetic_split()
     clean = train(MODEL, cfg(max_steps=2), split, None, tmp_path / "clean")
-    monkeypatch.setattr(train_module, "label_smoothed_cross_entropy", spiky)
+    monkeypatch.setattr(train_module, "linear_label_smoothed_cross_entropy", spiky)
     logged: list[tuple[int, dict]] = []
     res = train(MODEL, cfg(max_steps=4), split, None, tmp_path / "spiky", on_metrics=lambda m, s: logged.append((s, m)))
     assert res.step == 4 and res.skipped_updates == 2

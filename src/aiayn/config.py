@@ -370,6 +370,9 @@ class TrainConfig(_Strict):
                                                  "world_size of them).")
     lr_scale: float = Field(1.0, gt=0)
     warmup_steps: int = Field(4000, ge=1)
+    lr_decay: Literal["inverse_sqrt", "linear"] = Field(
+        "inverse_sqrt", description="After warmup: inverse_sqrt (paper eq. 3) or linear (to 0 after max_steps, "
+                                    "aiayn.train.schedule.learning_rate; a short budget ends annealed).")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls, paper Section 5.4.")
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
@@ -392,6 +395,11 @@ class TrainConfig(_Strict):
         "fp32", description="Autocast dtype of the forward pass; the loss and softmax statistics stay fp32. fp16 adds "
                             "a dynamic loss scaler and needs CUDA; bf16 runs on CUDA (and, slowly, on CPU).")
     compile: bool = Field(False, description="torch.compile the model for training (measured in docs/benchmarks.md).")
+    loss_chunk_tokens: int | None = Field(
+        512, ge=1, description="Target tokens per chunk of the fused output projection + loss "
+                               "(aiayn.train.linear_label_smoothed_cross_entropy: the batch's (B, T, V) logits never "
+                               "exist whole; 1.3x the main job's step on a 2-core CPU, docs/benchmarks.md). Used when "
+                               "precision is fp32 and distributed is not fsdp; null: the plain logits path.")
     max_skipped_updates: int = Field(
         10, ge=0, description="Updates with a non-finite gradient are skipped, counted and logged (a loss-spike guard); "
                               "more than this many in a row raise FloatingPointError.")
@@ -410,6 +418,9 @@ class TrainConfig(_Strict):
         if needs_bleu and not self.valid_bleu.enabled:
             raise ValueError("train.early_stop.metric / train.select.metric on validation BLEU need "
                              "train.valid_bleu.enabled: true")
+        if self.lr_decay == "linear" and self.max_steps <= self.warmup_steps:
+            raise ValueError(f"train.lr_decay=linear decays to 0 at max_steps: max_steps ({self.max_steps}) must exceed "
+                             f"warmup_steps ({self.warmup_steps})")
         if self.grad_accum % self.nproc_per_node:
             raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
                              f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")

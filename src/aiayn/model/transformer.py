@@ -426,8 +426,10 @@ class Transformer(nn.Module):
         memory: torch.Tensor | None,
         src_pad_mask: torch.Tensor | None,
         kv_cache: KVCache | None,
+        project: bool = True,
     ) -> torch.Tensor:
-        """Decoder-only ``decode``: logits ``(B, T, vocab_size)`` of the target positions ``tgt_in`` ``(B, T)``.
+        """Decoder-only ``decode``: logits ``(B, T, vocab_size)`` of the target positions ``tgt_in`` ``(B, T)``
+        (``project=False``: their final states ``(B, T, d_model)``).
 
         Without a cache, or on a cache's first call (the prefill: the cache grows by the source length
         ``S`` and keeps ``src_pad_mask``), the stack runs over ``[memory, embedded tgt_in]``
@@ -469,7 +471,7 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(end - begin)
         x = self.decoder_norm(x[:, -T:])  # (B, T, d_model): the target positions only
-        return F.linear(x, self.tgt_embed.weight)  # (B, T, vocab_size)
+        return F.linear(x, self.tgt_embed.weight) if project else x  # (B, T, vocab_size) or (B, T, d_model)
 
     # ------------------------------------------------------------------ encode / decode
 
@@ -518,8 +520,11 @@ class Transformer(nn.Module):
         src_pad_mask: torch.Tensor | None,
         *,
         kv_cache: KVCache | None = None,
+        project: bool = True,
     ) -> torch.Tensor:
-        """Next-token logits ``(B, T, vocab_size)`` for target inputs ``tgt_in`` ``(B, T)``.
+        """Next-token logits ``(B, T, vocab_size)`` for target inputs ``tgt_in`` ``(B, T)``; with
+        ``project=False`` the decoder's final states ``(B, T, d_model)`` instead (the training loss
+        projects them itself, ``aiayn.train.linear_label_smoothed_cross_entropy``).
 
         Without ``kv_cache``: ``tgt_in`` is the whole (BOS-first, right-padded) prefix and
         self-attention is causal, so padding after a position never changes its logits.
@@ -539,7 +544,7 @@ class Transformer(nn.Module):
         if tgt_in.dim() != 2 or tgt_in.dtype != torch.long:
             raise ValueError(f"decode expects tgt_in (B, T) long token ids, got {tgt_in.dtype} {tuple(tgt_in.shape)}")
         if self.decoder_only:
-            return self._decode_stream(tgt_in, memory, src_pad_mask, kv_cache)
+            return self._decode_stream(tgt_in, memory, src_pad_mask, kv_cache, project)
         B, T = tgt_in.shape
         start = 0
         needs_memory = kv_cache is None or not kv_cache.has_cross
@@ -563,9 +568,12 @@ class Transformer(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.decoder_norm(x)  # (B, T, d_model)
+        if not project:
+            return x
         return F.linear(x, self.tgt_embed.weight)  # (B, T, vocab_size), tied, no bias (Sec. 3.4)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits ``(B, T, vocab_size)`` for ``src`` ``(B, S)`` and ``tgt_in`` ``(B, T)``."""
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *, project: bool = True) -> torch.Tensor:
+        """Teacher-forced logits ``(B, T, vocab_size)`` for ``src`` ``(B, S)`` and ``tgt_in`` ``(B, T)``;
+        ``project=False``: the decoder's final states ``(B, T, d_model)`` (see ``decode``)."""
         memory, src_pad_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_pad_mask)
+        return self.decode(tgt_in, memory, src_pad_mask, project=project)

@@ -12,7 +12,7 @@ from aiayn.config import PAD_ID
 from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
 
-__all__ = ["label_smoothed_cross_entropy", "validation_loss"]
+__all__ = ["label_smoothed_cross_entropy", "linear_label_smoothed_cross_entropy", "validation_loss"]
 
 
 def label_smoothed_cross_entropy(
@@ -40,6 +40,79 @@ def label_smoothed_cross_entropy(
     )
     nll = F.cross_entropy(flat_logits.detach(), flat_target, ignore_index=ignore_index, reduction="sum")
     return loss, nll, int((flat_target != ignore_index).sum())
+
+
+class _LinearLabelSmoothedCE(torch.autograd.Function):
+    """Output projection + label-smoothed cross-entropy, chunk by chunk, gradients made in the forward pass.
+
+    For each chunk of ``chunk_tokens`` target positions: logits ``(n, V)``, their log-sum-exp, the loss and
+    its gradient ``softmax - (1 - eps) * onehot - eps / V``; then ``grad_hidden = g @ W`` and
+    ``grad_weight += g^T @ h``. The ``(N, V)`` logits never exist whole: a chunk stays in the CPU cache,
+    where a whole batch's logits (2048 tokens x 8000 pieces x 4 bytes = 65 MB) do not. The backward only
+    scales the stored gradients by the incoming scalar (the objective is linear in them).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, label_smoothing, chunk_tokens):  # type: ignore[override]
+        eps, V = label_smoothing, weight.shape[0]
+        grad_hidden = torch.zeros_like(hidden)  # (N, d); pad rows stay 0
+        grad_weight = torch.zeros_like(weight)  # (V, d)
+        loss = hidden.new_zeros((), dtype=torch.float64)
+        nll = hidden.new_zeros((), dtype=torch.float64)
+        rows = (target != PAD_ID).nonzero().squeeze(1)  # (M,) the non-pad positions
+        for start in range(0, rows.numel(), chunk_tokens):
+            idx = rows[start : start + chunk_tokens]
+            h, t = hidden.index_select(0, idx), target.index_select(0, idx).unsqueeze(1)  # (n, d), (n, 1)
+            logits = h @ weight.T  # (n, V)
+            lse = torch.logsumexp(logits, dim=1)  # (n,)
+            nll_tok = lse - logits.gather(1, t).squeeze(1)  # -log p(target)
+            smooth_tok = lse - logits.mean(dim=1)  # -mean_v log p(v)
+            nll += nll_tok.sum(dtype=torch.float64)
+            loss += ((1.0 - eps) * nll_tok + eps * smooth_tok).sum(dtype=torch.float64)
+            g = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place: (n, V)
+            if eps:
+                g.sub_(eps / V)
+            g.scatter_add_(1, t, g.new_full(t.shape, -(1.0 - eps)))
+            grad_hidden.index_copy_(0, idx, g @ weight)
+            grad_weight.addmm_(g.T, h)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        loss, nll = loss.to(hidden.dtype), nll.to(hidden.dtype)
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):  # type: ignore[override]
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None
+
+
+def linear_label_smoothed_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, label_smoothing: float, chunk_tokens: int = 512
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``label_smoothed_cross_entropy(hidden @ weight.T, target)`` without the ``(B, T, V)`` logits.
+
+    The same objective (paper Section 5.4; the output layer of Section 3.4), computed over
+    ``chunk_tokens`` non-pad target positions at a time with its gradient made on the spot
+    (``_LinearLabelSmoothedCE``): on a CPU the whole batch's logits overflow the cache and their
+    softmax passes run at memory speed; a chunk's do not (docs/benchmarks.md, "A cheaper step").
+    Equal to the plain path to float32 rounding, not bit for bit (another summation order).
+
+    Args:
+        hidden: ``(..., d_model)`` the decoder's final states (``Transformer.forward(..., project=False)``).
+        weight: ``(V, d_model)`` the output projection (the tied target embedding).
+        target: ``(...)`` token ids; ``PAD_ID`` positions contribute nothing.
+
+    Returns ``(loss_sum, nll_sum, n_tokens)`` as ``label_smoothed_cross_entropy``. Raises ``ValueError``
+    for a non-float32 ``hidden``/``weight`` (autocast runs use the plain path) or ``chunk_tokens`` < 1.
+    """
+    if hidden.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise ValueError(f"the chunked loss runs in float32, got hidden {hidden.dtype}, weight {weight.dtype}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (N, d)
+    flat_target = target.reshape(-1)  # (N,)
+    loss, nll = _LinearLabelSmoothedCE.apply(flat_hidden, weight, flat_target, label_smoothing, chunk_tokens)
+    return loss, nll, int((flat_target != PAD_ID).sum())
 
 
 @torch.no_grad()

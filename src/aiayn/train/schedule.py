@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["inverse_sqrt_lr", "dropout_seed"]
+__all__ = ["inverse_sqrt_lr", "learning_rate", "dropout_seed"]
 
 
 def inverse_sqrt_lr(step: int, *, d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> float:
@@ -14,6 +14,30 @@ def inverse_sqrt_lr(step: int, *, d_model: int, warmup_steps: int, lr_scale: flo
     """
     step = max(step, 1)
     return lr_scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def learning_rate(
+    step: int, *, d_model: int, warmup_steps: int, lr_scale: float = 1.0, decay: str = "inverse_sqrt", max_steps: int = 0
+) -> float:
+    """Learning rate at optimizer step ``step`` (1-based) under schedule ``decay``.
+
+    ``inverse_sqrt``: the paper's eq. (3) (``inverse_sqrt_lr``). ``linear``: the same warmup to the same
+    peak ``lr_scale * d_model**-0.5 * warmup_steps**-0.5``, then a straight line to 0 after step
+    ``max_steps`` (the warmup + linear-decay schedule of BERT, Devlin et al. 2019, Section A.2; a short
+    budget ends annealed instead of at 1/sqrt of the peak). Raises ``ValueError`` for an unknown ``decay``
+    or a ``linear`` schedule whose ``max_steps`` is not past ``warmup_steps``.
+    """
+    if decay == "inverse_sqrt":
+        return inverse_sqrt_lr(step, d_model=d_model, warmup_steps=warmup_steps, lr_scale=lr_scale)
+    if decay != "linear":
+        raise ValueError(f"unknown lr decay {decay!r}: inverse_sqrt | linear")
+    if max_steps <= warmup_steps:
+        raise ValueError(f"a linear lr decay needs max_steps ({max_steps}) > warmup_steps ({warmup_steps})")
+    step = max(step, 1)
+    peak = lr_scale * d_model**-0.5 * warmup_steps**-0.5
+    if step <= warmup_steps:
+        return peak * step / warmup_steps
+    return peak * max(0, max_steps + 1 - step) / (max_steps + 1 - warmup_steps)
 
 
 def dropout_seed(seed: int, step: int, batch: int) -> int:

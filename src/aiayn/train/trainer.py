@@ -46,8 +46,8 @@ from aiayn.distributed import (
 from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
 from aiayn.train.early_stop import EarlyStopper, higher_is_better
-from aiayn.train.loss import label_smoothed_cross_entropy, validation_loss
-from aiayn.train.schedule import dropout_seed, inverse_sqrt_lr
+from aiayn.train.loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy, validation_loss
+from aiayn.train.schedule import dropout_seed, learning_rate
 
 __all__ = ["TrainResult", "Trainer", "train", "config_fingerprint"]
 
@@ -67,7 +67,7 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
     """
     budget = {"max_steps", "max_epochs", "max_time_s", "validate_every", "checkpoint_every", "keep_checkpoints",
               "average_last", "log_every", "num_threads", "device",
-              "distributed", "nproc_per_node", "compile", "max_skipped_updates",
+              "distributed", "nproc_per_node", "compile", "loss_chunk_tokens", "max_skipped_updates",
               "epoch_checkpoints", "valid_bleu", "early_stop", "select"}
     payload = {
         "model": model_cfg.model_dump(mode="json"),
@@ -254,11 +254,16 @@ class Trainer:
         if self.cfg.compile:
             self.forward = torch.compile(self.forward, dynamic=True)  # batches vary in shape: one graph, not one per shape
 
+    def _lr(self, step: int) -> float:
+        cfg = self.cfg
+        return learning_rate(step, d_model=self.model_cfg.d_model, warmup_steps=cfg.warmup_steps, lr_scale=cfg.lr_scale,
+                             decay=cfg.lr_decay, max_steps=cfg.max_steps)
+
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
         self.optimizer = torch.optim.Adam(
             self.model.parameters(),
-            lr=inverse_sqrt_lr(1, d_model=self.model_cfg.d_model, warmup_steps=cfg.warmup_steps, lr_scale=cfg.lr_scale),
+            lr=self._lr(1),
             betas=cfg.adam_betas,
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
@@ -339,8 +344,7 @@ class Trainer:
         epochs_before = self._epochs_done()
         update = [self.iterator.next_indices() for _ in range(cfg.grad_accum)]  # the global update
         n_tgt = sum(self.iterator.n_tgt_tokens(ix) for ix in update)  # global target tokens, same on every rank
-        lr = inverse_sqrt_lr(result.step + 1, d_model=self.model_cfg.d_model, warmup_steps=cfg.warmup_steps,
-                             lr_scale=cfg.lr_scale)
+        lr = self._lr(result.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -378,14 +382,24 @@ class Trainer:
             if self.mode == "fsdp":
                 self.model.set_requires_gradient_sync(last)
             with (self.forward.no_sync() if self.mode == "ddp" and not last else contextlib.nullcontext()):
-                with _autocast(self.device, self.cfg.precision):
-                    logits = self.forward(b.src.to(self.device), b.tgt_in.to(self.device))  # (B, T, V)
-                loss, _, _ = label_smoothed_cross_entropy(logits, b.tgt_out.to(self.device),
-                                                          label_smoothing=self.cfg.label_smoothing)
+                loss = self._batch_loss(b)
                 scaled = loss * self.world.world_size / n_tgt
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             loss_local += float(loss.detach())
         return loss_local
+
+    def _batch_loss(self, b: Any) -> torch.Tensor:
+        """The summed label-smoothed loss of batch ``b`` (a graph to backpropagate): the fused chunked output
+        projection + loss when ``loss_chunk_tokens`` applies (fp32, not FSDP), else logits then the loss."""
+        src, tgt_in, tgt_out = b.src.to(self.device), b.tgt_in.to(self.device), b.tgt_out.to(self.device)
+        chunk = self.cfg.loss_chunk_tokens
+        if chunk and self.cfg.precision == "fp32" and self.mode != "fsdp":
+            hidden = self.forward(src, tgt_in, project=False)  # (B, T, d_model)
+            return linear_label_smoothed_cross_entropy(hidden, self.model.tgt_embed.weight, tgt_out,
+                                                       label_smoothing=self.cfg.label_smoothing, chunk_tokens=chunk)[0]
+        with _autocast(self.device, self.cfg.precision):
+            logits = self.forward(src, tgt_in)  # (B, T, V)
+        return label_smoothed_cross_entropy(logits, tgt_out, label_smoothing=self.cfg.label_smoothing)[0]
 
     def _clip_and_update(self, step_loss: float) -> tuple[float, bool]:
         """Clip (or only measure) the global gradient norm and step Adam unless the loss or gradient is

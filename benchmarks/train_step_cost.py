@@ -1,0 +1,109 @@
+"""What a training step costs, per sentence and per target token, for tokenizers, batch sizes, model fields and
+the two loss paths, in one process and alternating rounds (like with like).
+
+Each variant is ``NAME:MAX_TOKENS[:key=value...]``; keys: ``tok=DIR`` (a tokenized folder, its vocabulary;
+default ``--tokenized``), ``chunk=N`` (the fused loss with ``loss_chunk_tokens`` N; 0 or absent: the plain
+logits path), and any ``ModelConfig`` field of the ``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
+Each round runs every variant over ~30k target tokens of its own Multi30k batches; the table gives medians
+and min-max. The issue-25 table of docs/benchmarks.md ("The main job re-tuned for the slowest host"):
+
+    python benchmarks/train_step_cost.py --rounds 5 old:2048:tok=OLD8K/artifacts/tokenized \\
+        new_plain:2048:norm=pre new_fused:2048:norm=pre:chunk=512
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.batching import collate, make_batches
+from aiayn.config import model_preset
+from aiayn.host import host_info
+from aiayn.model import Transformer
+from aiayn.tokenizer import load_encoded
+from aiayn.train import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
+
+TOKENS_PER_ROUND = 30_000
+
+
+def steps(model: Transformer, batches: list, opt: torch.optim.Optimizer, chunk: int) -> tuple[float, int]:
+    """Forward, label-smoothed loss (fused when ``chunk``), backward, Adam step over ``batches``:
+    ``(seconds, target tokens)``."""
+    model.train()
+    tokens, t0 = 0, time.perf_counter()
+    for b in batches:
+        opt.zero_grad(set_to_none=True)
+        if chunk:
+            loss, _, n = linear_label_smoothed_cross_entropy(model(b.src, b.tgt_in, project=False), model.tgt_embed.weight,
+                                                             b.tgt_out, label_smoothing=0.1, chunk_tokens=chunk)
+        else:
+            loss, _, n = label_smoothed_cross_entropy(model(b.src, b.tgt_in), b.tgt_out, label_smoothing=0.1)
+        (loss / n).backward()
+        opt.step()
+        tokens += b.n_tgt_tokens
+    return time.perf_counter() - t0, tokens
+
+
+def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch.optim.Optimizer, int]:
+    name, max_tokens, *fields = spec.split(":")
+    tok, chunk, overrides = default_tok, 0, {}
+    preset = model_preset("tiny")
+    for kv in fields:
+        key, value = kv.split("=", 1)
+        if key == "tok":
+            tok = Path(value)
+        elif key == "chunk":
+            chunk = int(value)
+        else:
+            current = getattr(preset, key)
+            overrides[key] = value if isinstance(current, str) else type(current)(value)
+    split = load_encoded(tok, "train")
+    vocab = int(max(split.src_ids.max(), split.tgt_ids.max())) + 1
+    batches, n = [], 0
+    for idx in make_batches(split.src_lengths, split.tgt_lengths, int(max_tokens), data_seed=1, epoch=1):
+        batches.append(collate(split, idx))
+        n += batches[-1].n_tgt_tokens
+        if n > TOKENS_PER_ROUND:
+            break
+    torch.manual_seed(0)
+    model = Transformer(model_preset("tiny", vocab_size=vocab, attention_backend="sdpa", **overrides))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    steps(model, batches[:2], opt, chunk)  # warm-up
+    return name, model, batches, opt, chunk
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="+", help="NAME:MAX_TOKENS[:key=value...]")
+    ap.add_argument("--tokenized", type=Path, default=Path("artifacts/tokenized"))
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    print(host_info().line())
+    runs = [variant(s, args.tokenized) for s in args.variants]
+    rates: dict[str, list[float]] = {r[0]: [] for r in runs}
+    for i in range(args.rounds):  # alternate the order so drift in the host's speed hits every variant alike
+        for name, model, batches, opt, chunk in (runs if i % 2 == 0 else runs[::-1]):
+            seconds, tokens = steps(model, batches, opt, chunk)
+            rates[name].append(tokens / seconds)
+    base = statistics.median(rates[runs[0][0]]) * len_ratio(runs[0][2])
+    print("\n| variant | params | sentences/s | target tokens/s (median, min-max) | sentences/s vs the first |")
+    print("|---|---|---|---|---|")
+    for name, model, batches, _, _ in runs:
+        tok_s = statistics.median(rates[name])
+        sent_s = tok_s * len_ratio(batches)
+        print(f"| {name} | {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M | {sent_s:.1f} | {tok_s:.0f} "
+              f"({min(rates[name]):.0f}-{max(rates[name]):.0f}) | {sent_s / base:.2f} |")
+    print("\n" + host_info().line())
+
+
+def len_ratio(batches: list) -> float:
+    """Sentences per target token of ``batches``."""
+    return sum(b.src.size(0) for b in batches) / sum(b.n_tgt_tokens for b in batches)
+
+
+if __name__ == "__main__":
+    main()
