@@ -116,8 +116,13 @@ def test_chunked_linear_loss_equals_logits_then_loss_with_its_gradients(eps, chu
 
 def test_chunked_linear_loss_refuses_what_it_cannot_do():
     h, w, t = torch.randn(2, 3, 4), torch.randn(9, 4), torch.tensor([[4, 5, 3], [6, 3, PAD_ID]])
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="float32 or float64"):
         linear_label_smoothed_cross_entropy(h.bfloat16(), w, t, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        linear_label_smoothed_cross_entropy(h.double(), w, t, label_smoothing=0.1)  # mixed
+    want = label_smoothed_cross_entropy(h.double() @ w.double().T, t, label_smoothing=0.1)
+    got = linear_label_smoothed_cross_entropy(h.double(), w.double(), t, label_smoothing=0.1)  # float64 runs too
+    assert got[0].dtype == torch.float64 and torch.allclose(got[0], want[0], rtol=1e-12)
     with pytest.raises(ValueError, match="chunk_tokens"):
         linear_label_smoothed_cross_entropy(h, w, t, label_smoothing=0.1, chunk_tokens=0)
 

@@ -103,10 +103,11 @@ def linear_label_smoothed_cross_entropy(
         target: ``(...)`` token ids; ``PAD_ID`` positions contribute nothing.
 
     Returns ``(loss_sum, nll_sum, n_tokens)`` as ``label_smoothed_cross_entropy``. Raises ``ValueError``
-    for a non-float32 ``hidden``/``weight`` (autocast runs use the plain path) or ``chunk_tokens`` < 1.
+    unless ``hidden`` and ``weight`` are both float32 or both float64 (autocast runs use the plain path),
+    or for ``chunk_tokens`` < 1.
     """
-    if hidden.dtype != torch.float32 or weight.dtype != torch.float32:
-        raise ValueError(f"the chunked loss runs in float32, got hidden {hidden.dtype}, weight {weight.dtype}")
+    if hidden.dtype not in (torch.float32, torch.float64) or weight.dtype != hidden.dtype:
+        raise ValueError(f"the chunked loss runs in float32 or float64, got hidden {hidden.dtype}, weight {weight.dtype}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     flat_hidden = hidden.reshape(-1, hidden.size(-1))  # (N, d)
