@@ -398,7 +398,8 @@ class TrainConfig(_Strict):
     loss_chunk_tokens: int | None = Field(
         512, ge=1, description="Target tokens per chunk of the fused output projection + loss "
                                "(aiayn.train.linear_label_smoothed_cross_entropy: the batch's (B, T, V) logits never "
-                               "exist whole; 1.3x the main job's step on a 2-core CPU, docs/benchmarks.md). Used when "
+                               "exist whole; 1.04x the main job's step on a 2-core CPU, within the spread: its gain is memory at "
+                               "large vocabularies, docs/benchmarks.md). Used when "
                                "precision is fp32 and distributed is not fsdp; null: the plain logits path.")
     max_skipped_updates: int = Field(
         10, ge=0, description="Updates with a non-finite gradient are skipped, counted and logged (a loss-spike guard); "
