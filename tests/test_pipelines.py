@@ -505,10 +505,54 @@ def test_project_settings_apply_without_the_makefile(tmp_path):
     assert out.stdout.split() == ["False", "120"]
 
 
+def test_temporary_api_runs_in_its_own_session_and_dies_with_its_flow_process(tmp_path):
+    """The temporary API a flow process starts is out of the terminal's process group (so Ctrl-C
+    reaches the flow only) and still does not outlive a SIGKILLed flow process (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import time, pipelines; pipelines.apply_project_env()\n"
+            "from prefect import flow\n"
+            "flow(lambda: 1, name='one')()\n"
+            "print('FLOW DONE', flush=True); time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=_bare_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "FLOW DONE" in line:
+                break
+        assert "FLOW DONE" in "".join(lines), "".join(lines)[-3000:]
+        servers = [c for c in psutil.Process(proc.pid).children() if "uvicorn" in " ".join(c.cmdline())]
+        assert len(servers) == 1, [c.cmdline() for c in psutil.Process(proc.pid).children()]
+        server = servers[0]
+        assert os.getsid(server.pid) != os.getsid(proc.pid)  # a group signal to the flow's group misses it
+        proc.kill()  # SIGKILL: no atexit, no Prefect clean-up
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, "the temporary API outlived its flow"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
-def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root):
+@pytest.mark.parametrize("to", ["stage", "group"])
+def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root, to):
     """`python -m pipelines.stage` cold-starts Prefect's temporary API from a plain shell; Ctrl-C in
-    train exits 130 with one line naming the checkpoint, and no traceback."""
+    train exits 130 with one line naming the checkpoint, and no traceback. ``group``: the SIGINT goes
+    to the whole process group, as a terminal's Ctrl-C (or ``kill -INT -PGID``) does, so Prefect's
+    temporary API server, a child of the stage, stops at the same moment; the stage must still exit
+    (it used to hang for ever in Prefect's at-exit drain of events the dead server would never take)."""
+    import os
     import signal
     import subprocess
     import sys
@@ -524,7 +568,7 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
     (smoke_root / "long.yaml").write_text(yaml.safe_dump(long))
     cmd = [sys.executable, "-m", "pipelines.stage", "train", "--params", "long.yaml", "--root", str(smoke_root)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, start_new_session=True)
     lines, deadline = [], time.monotonic() + 240
     try:
         for line in proc.stdout:  # wait until the loop has taken a few steps
@@ -532,11 +576,14 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
             if "step 3/" in line or time.monotonic() > deadline:
                 break
         assert any("step 3/" in line for line in lines), "".join(lines)[-3000:]
-        proc.send_signal(signal.SIGINT)
+        if to == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
