@@ -356,6 +356,22 @@ def test_multi30k_snapshot_is_verified_and_byte_identical(multi30k_mirror, tmp_p
         corpus_stage.run(params, layout)
 
 
+def test_corpus_snapshot_is_the_same_bytes_wherever_the_project_is_cloned(multi30k_mirror, tmp_path):
+    """The corpus stage's output (a DVC out every later stage depends on) must not depend on the clone's
+    folder: two fresh-clone `make run`s in /home/runner/run1 and run2 got different `artifacts/corpus`
+    hashes in dvc.lock because SOURCE.json recorded the raw files' absolute paths."""
+    params = params_from_dict({"data": {"tgt_lang": "fr", "max_train_pairs": 100}})
+    outputs = []
+    for clone in ("run1", "elsewhere/run2"):
+        layout = Layout(tmp_path / clone)
+        shutil.copytree(multi30k_mirror, layout.raw)
+        corpus_stage.run(params, layout)
+        outputs.append({f.name: f.read_bytes() for f in sorted(layout.corpus.iterdir())})
+        origin = json.loads((layout.corpus / SOURCE_FILE).read_text())["splits"]["train"]["origin"]
+        assert origin == ["data/multi30k/train.en.gz", "data/multi30k/train.fr.gz"]  # relative to the project
+    assert outputs[0] == outputs[1]
+
+
 # --------------------------------------------------------------------------- Hugging Face datasets
 
 

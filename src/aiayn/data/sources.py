@@ -51,6 +51,18 @@ def _resolve(root: Path, path: str) -> Path:
     return Path(path) if Path(path).is_absolute() else Path(root) / path
 
 
+def _portable(origin: str, root: Path) -> str:
+    """``origin`` relative to the project ``root`` (POSIX) when it is a file inside it, else unchanged: the
+    snapshot's bytes (a DVC output) must not depend on the folder the project was cloned into."""
+    path = Path(origin)
+    if not path.is_absolute():
+        return origin
+    try:
+        return path.resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:  # outside the project (the user's own file, a cache): what they gave
+        return origin
+
+
 def _gz_or_plain(stem: Path) -> Path | None:
     for candidate in (stem.with_name(stem.name + ".gz"), stem):
         if candidate.is_file():
@@ -206,6 +218,8 @@ def snapshot(data: DataConfig, root: Path, out_dir: Path) -> dict[str, Any]:
         files = hub.sacrebleu_files(test_set, src, tgt)
         names = [_copy(f, out_dir, f"{split}.{lang}") for f, lang in zip(files, (src, tgt))]
         splits[split] = {"format": "moses", "files": names, "origin": [str(f) for f in files]}
+    for entry in splits.values():
+        entry["origin"] = [_portable(o, root) for o in entry["origin"]]
     manifest = {"identity": identity, "splits": {s: splits[s] for s in data.splits}}
     sums = sorted((name, sha256_file(out_dir / name)) for entry in splits.values() for name in entry["files"])
     atomic_write_text(out_dir / SUMS_FILE, "".join(f"{h}  {n}\n" for n, h in sums))
