@@ -455,3 +455,25 @@ def test_compiled_training_matches_eager_without_dropout(tmp_path):
     differ = {k: float((v - weights(eager.model)[k]).abs().max()) for k, v in weights(compiled.model).items()
               if not torch.allclose(v, weights(eager.model)[k], rtol=0, atol=ATOL)}
     assert not differ, differ
+
+
+def test_the_plotted_lr_is_the_lr_the_optimizer_used(tmp_path):
+    """``plots/train_loss.tsv``'s lr column (the curve ``dvc plots show`` draws) is the optimizer's learning rate
+    whatever the schedule: it drew the paper's inverse-sqrt curve for every run, so the main job's linear decay
+    showed 1.43e-3 at its last step, where the optimizer used 2.0e-6."""
+    from types import SimpleNamespace
+
+    from aiayn.stages import Layout
+    from aiayn.stages.train import _write_plots
+
+    used: dict[int, float] = {}
+    c = cfg(lr_decay="linear")
+    result = train(MODEL, c, synthetic_split(), None, tmp_path / "ckpt",
+                   on_metrics=lambda m, step: used.update({step: m["lr"]}))
+    layout = Layout(tmp_path)
+    _write_plots(layout, result, {}, SimpleNamespace(train=c, model=MODEL))
+    rows = [line.split("\t") for line in (layout.plots / "train_loss.tsv").read_text().splitlines()[1:]]
+    assert [int(step) for step, _, _ in rows] == sorted(used) == list(range(1, c.max_steps + 1))
+    for step, _, lr in rows:
+        assert math.isclose(float(lr), used[int(step)], rel_tol=1e-6), step
+    assert float(rows[-1][2]) < 0.2 * max(used.values())  # annealed: not the inverse-sqrt tail

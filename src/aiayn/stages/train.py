@@ -36,7 +36,7 @@ from aiayn.recording import NULL_RECORDER, Recorder, StageRecord, StageRun
 from aiayn.stages import Layout, split_reads
 from aiayn.stages.train_job import (METRICS_FILE, PARAMS_FILE, RESULT_FILE, bleu_validator, load_train_inputs,
                                     result_from_job)
-from aiayn.train import TrainResult, inverse_sqrt_lr, select_weights, train, validation_loss
+from aiayn.train import TrainResult, lr_schedule, select_weights, train, validation_loss
 from aiayn.train.select import Selection, checkpoint_extra
 
 __all__ = ["run", "RECORD", "budget_line", "CUT_REASONS"]
@@ -176,10 +176,8 @@ def _evaluator(model: torch.nn.Module, params: Params, valid_split: Any, scorer:
 def _write_plots(layout: Layout, result: TrainResult, valid: dict[int, dict[str, float]], params: Params) -> None:
     """``plots/train_loss.tsv`` (step, loss, lr per step) and ``plots/validation.tsv`` (step and every validation
     metric): the curves ``dvc plots show`` draws; deterministic bytes (no wall-clock columns)."""
-    cfg, d_model = params.train, params.model.d_model
-    lines = ["step\tloss\tlr"] + [
-        f"{s}\t{loss:.6f}\t{inverse_sqrt_lr(s, d_model=d_model, warmup_steps=cfg.warmup_steps, lr_scale=cfg.lr_scale):.6e}"
-        for s, loss in sorted(result.losses.items())]
+    lr = lr_schedule(params.train, params.model.d_model)  # the optimizer's own schedule, whatever lr_decay
+    lines = ["step\tloss\tlr"] + [f"{s}\t{loss:.6f}\t{lr(s):.6e}" for s, loss in sorted(result.losses.items())]
     keys = sorted({k for m in valid.values() for k in m})
     vlines = ["\t".join(["step", *keys])] + [
         "\t".join([str(s), *(f"{valid[s][k]:.6f}" if k in valid[s] else "" for k in keys)]) for s in sorted(valid)]

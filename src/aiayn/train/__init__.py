@@ -27,7 +27,7 @@ from __future__ import annotations
 from aiayn.train.averaging import averaged_weights, on_grid
 from aiayn.train.early_stop import EarlyStopper
 from aiayn.train.loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy, validation_loss
-from aiayn.train.schedule import dropout_seed, inverse_sqrt_lr, learning_rate
+from aiayn.train.schedule import dropout_seed, inverse_sqrt_lr, learning_rate, lr_schedule
 from aiayn.train.select import Selection, select_weights
 from aiayn.train.trainer import TrainResult, Trainer, config_fingerprint, train
 
@@ -36,6 +36,7 @@ __all__ = [
     "linear_label_smoothed_cross_entropy",
     "inverse_sqrt_lr",
     "learning_rate",
+    "lr_schedule",
     "TrainResult",
     "Trainer",
     "train",

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-__all__ = ["inverse_sqrt_lr", "learning_rate", "dropout_seed"]
+if TYPE_CHECKING:
+    from aiayn.config import TrainConfig
+
+__all__ = ["inverse_sqrt_lr", "learning_rate", "lr_schedule", "dropout_seed"]
 
 
 def inverse_sqrt_lr(step: int, *, d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> float:
@@ -38,6 +44,18 @@ def learning_rate(
     if step <= warmup_steps:
         return peak * step / warmup_steps
     return peak * max(0, max_steps + 1 - step) / (max_steps + 1 - warmup_steps)
+
+
+def lr_schedule(cfg: TrainConfig, d_model: int) -> Callable[[int], float]:
+    """``step -> learning rate`` of a run with train config ``cfg`` and model width ``d_model``: the one
+    schedule the optimizer follows and every record of it (progress, MLflow, ``plots/train_loss.tsv``)
+    reports (``learning_rate`` with ``cfg``'s ``warmup_steps``, ``lr_scale``, ``lr_decay``, ``max_steps``)."""
+
+    def lr(step: int) -> float:
+        return learning_rate(step, d_model=d_model, warmup_steps=cfg.warmup_steps, lr_scale=cfg.lr_scale,
+                             decay=cfg.lr_decay, max_steps=cfg.max_steps)
+
+    return lr
 
 
 def dropout_seed(seed: int, step: int, batch: int) -> int:

@@ -47,7 +47,7 @@ from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
 from aiayn.train.early_stop import EarlyStopper, higher_is_better
 from aiayn.train.loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy, validation_loss
-from aiayn.train.schedule import dropout_seed, learning_rate
+from aiayn.train.schedule import dropout_seed, lr_schedule
 
 __all__ = ["TrainResult", "Trainer", "train", "config_fingerprint"]
 
@@ -255,9 +255,7 @@ class Trainer:
             self.forward = torch.compile(self.forward, dynamic=True)  # batches vary in shape: one graph, not one per shape
 
     def _lr(self, step: int) -> float:
-        cfg = self.cfg
-        return learning_rate(step, d_model=self.model_cfg.d_model, warmup_steps=cfg.warmup_steps, lr_scale=cfg.lr_scale,
-                             decay=cfg.lr_decay, max_steps=cfg.max_steps)
+        return lr_schedule(self.cfg, self.model_cfg.d_model)(step)
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
