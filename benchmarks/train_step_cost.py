@@ -3,7 +3,8 @@ the two loss paths, in one process and alternating rounds (like with like).
 
 Each variant is ``NAME:MAX_TOKENS[:key=value...]``; keys: ``tok=DIR`` (a tokenized folder, its vocabulary;
 default ``--tokenized``), ``chunk=N`` (the fused loss with ``loss_chunk_tokens`` N; 0 or absent: the plain
-logits path), and any ``ModelConfig`` field of the ``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
+logits path), ``compile=1`` (``torch.compile(model.forward, dynamic=True)``, as ``train.compile`` does; its
+compilation happens in the warm-up, outside the timing, and is printed), and any ``ModelConfig`` field of the ``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
 Each round runs every variant over ~30k target tokens of its own Multi30k batches; the table gives medians
 and min-max. The issue-25 table of docs/benchmarks.md ("The main job re-tuned for the slowest host"):
 
@@ -50,7 +51,7 @@ def steps(model: Transformer, batches: list, opt: torch.optim.Optimizer, chunk: 
 
 def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch.optim.Optimizer, int]:
     name, max_tokens, *fields = spec.split(":")
-    tok, chunk, overrides = default_tok, 0, {}
+    tok, chunk, compiled, overrides = default_tok, 0, False, {}
     preset = model_preset("tiny")
     for kv in fields:
         key, value = kv.split("=", 1)
@@ -58,6 +59,8 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
             tok = Path(value)
         elif key == "chunk":
             chunk = int(value)
+        elif key == "compile":
+            compiled = bool(int(value))
         else:
             current = getattr(preset, key)
             overrides[key] = value if isinstance(current, str) else type(current)(value)
@@ -72,7 +75,12 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
     torch.manual_seed(0)
     model = Transformer(model_preset("tiny", vocab_size=vocab, attention_backend="sdpa", **overrides))
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    steps(model, batches[:2], opt, chunk)  # warm-up
+    if compiled:
+        model.forward = torch.compile(model.forward, dynamic=True)  # what Trainer does with train.compile
+    t0 = time.perf_counter()
+    steps(model, batches[:3], opt, chunk)  # warm-up (and, compiled, the compilation: a new shape may recompile)
+    if compiled:
+        print(f"{name}: compile + 3 warm-up steps {time.perf_counter() - t0:.1f} s")
     return name, model, batches, opt, chunk
 
 
