@@ -39,6 +39,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from aiayn.checks import load_checked  # noqa: E402
+from aiayn.host import host_info, matmul_gflops  # noqa: E402
 from aiayn.lineage import dvc_data_hashes  # noqa: E402
 from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
@@ -218,6 +220,7 @@ def render_report(
     push: dict[str, Any] | None,
     title: str = "aiayn pipeline run",
     training: dict[str, Any] | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> str:
     """Markdown for the pipeline report (pure function of its inputs).
 
@@ -226,7 +229,9 @@ def render_report(
     ``data_hashes``: ``{path: dvc md5}`` or why they are unavailable; ``data_status``: the
     ``dvc_cache_data`` result; ``push``: the ``dvc_push`` result or None (skipped); ``training``:
     ``artifacts/train_metrics.json`` (its ``budget`` line opens the report: a run cut by the clock or a
-    signal says so before anything else, since its scores are not the configured model's).
+    signal says so before anything else, since its scores are not the configured model's); ``timing``:
+    ``{"repro_s": seconds of dvc repro, "host": aiayn.host.HostInfo.line() before it, "gflops_after": the
+    matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host).
     """
     budget = (training or {}).get("budget")
     lines = [f"> **WARNING: training {budget}**", ""] if budget and budget.startswith("CUT") else []
@@ -259,6 +264,9 @@ def render_report(
         lines.append("- data: no DVC hash yet (no data.dvc and no dvc.lock entry under data/)")
     lines += [f"- `{name}`: {status}" for name, status in (data_status or {}).items()]
     lines.append(f"- DVC reproduced: {', '.join(ran)}" if ran else "- DVC reproduced: nothing (all stages up to date)")
+    if timing:
+        lines.append(f"- time: DVC stages {timing['repro_s']:.0f} s ({timing['repro_s'] / 60:.1f} min) on "
+                     f"{timing['host']} before, {timing['gflops_after']:.0f} after")
     if push is None:
         lines.append("- DVC remote: push skipped")
     elif push.get("pushed") is None:
@@ -304,7 +312,9 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             "DVC_NO_ANALYTICS": "1",
         }
         data_status = dvc_cache_data(str(root_path))
+        host, t0 = host_info(), time.perf_counter()  # the timing's host: probed idle, before and after
         ran = dvc_repro(str(root_path), env)
+        timing = {"repro_s": time.perf_counter() - t0, "host": host.line(), "gflops_after": matmul_gflops()}
         pushed = dvc_push(str(root_path)) if push else None
 
         mlflow_link = tracker.parent_run_url()
@@ -318,6 +328,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             push=pushed,
             title=f"aiayn pipeline run {runtime.flow_run.name}",
             training=_read_json(layout.train_metrics),
+            timing=timing,
         )
         artifact_id = publish_report(markdown)
         parent_run_id = tracker.parent_run_id

@@ -416,6 +416,8 @@ def test_pipeline_flow_reproduces_pushes_and_reports(smoke_pipeline, prefect_har
     (data_out,) = yaml.safe_load((REPO / "data.dvc").read_text())["outs"]
     assert result["data"] == {"data.dvc": "cached"}  # fetched corpus == the versioned one
     assert f"md5 `{data_out['md5']}`" in result["report"]
+    (timing,) = [x for x in result["report"].splitlines() if x.startswith("- time: DVC stages ")]
+    assert " GFLOP/s before, " in timing and " on host: " in timing  # the host beside the run's timing
     md5 = data_out["md5"]
     assert (root / ".dvc-remote" / "files" / "md5" / md5[:2] / md5[2:]).is_file()  # raw corpus pushed
     metrics = json.loads((root / "artifacts" / "eval_metrics.json").read_text())
@@ -605,3 +607,18 @@ def test_render_report_opens_with_a_cut_budget():
     assert "a single checkpoint (average_last, replaced by the validated choice)" in md
     md = render_report(**common, training={"budget": "complete: max_steps 2600 reached"})
     assert md.splitlines()[0].startswith("# ") and "Training: complete: max_steps 2600 reached" in md
+
+
+def test_render_report_puts_the_host_beside_the_timing():
+    """Every timing carries the host's line (developers' guide: hosts of one kind differ ~2x): the report
+    gives the DVC stages' wall time with the host and its 2-thread matmul GFLOP/s before and after."""
+    from pipelines.pipeline import render_report
+
+    common = dict(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=["train"], push=None)
+    timing = {"repro_s": 1935.04, "host": "host: AMD EPYC, 2 cores, ISA avx2 fma, 2-thread fp32 matmul 145 GFLOP/s",
+              "gflops_after": 131.6}
+    md = render_report(**common, timing=timing)
+    (line,) = [x for x in md.splitlines() if x.startswith("- time:")]
+    assert line == ("- time: DVC stages 1935 s (32.3 min) on host: AMD EPYC, 2 cores, ISA avx2 fma, "
+                    "2-thread fp32 matmul 145 GFLOP/s before, 132 after")
+    assert not [x for x in render_report(**common).splitlines() if x.startswith("- time:")]
