@@ -4,7 +4,8 @@ the two loss paths, in one process and alternating rounds (like with like).
 Each variant is ``NAME:MAX_TOKENS[:key=value...]``; keys: ``tok=DIR`` (a tokenized folder, its vocabulary;
 default ``--tokenized``), ``chunk=N`` (the fused loss with ``loss_chunk_tokens`` N; 0 or absent: the plain
 logits path), ``compile=1`` (``torch.compile(model.forward, dynamic=True)``, as ``train.compile`` does; its
-compilation happens in the warm-up, outside the timing, and is printed), and any ``ModelConfig`` field of the ``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
+compilation happens in the warm-up, outside the timing, and is printed), and any ``ModelConfig`` field of the
+``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
 Each round runs every variant over ~30k target tokens of its own Multi30k batches; the table gives medians
 and min-max. The issue-25 table of docs/benchmarks.md ("The main job re-tuned for the slowest host"):
 
