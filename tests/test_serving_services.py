@@ -98,53 +98,63 @@ def test_mlflow_models_serve_without_a_reachable_registry_exits_with_a_message(w
     assert proc.returncode == 2 and "unreachable" in proc.stderr, proc.stderr[-2000:]
 
 
-def _wait_all_arrived(url: str, n: int, timeout: float = 60) -> int:
-    """Until all ``n`` requests reached the server (``aiayn_requests_decoding``, accepted and not yet
-    answered, plus ``aiayn_requests_total{status="200"}``, answered); returns how many are still in
-    flight then. A signal sent after this finds every request accepted, whatever the host's speed."""
+def _metric(url: str, name: str) -> float:
+    """One sample of the service's Prometheus text (0 when absent), e.g. ``aiayn_batch_sentences_sum``."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _until(check, what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = {"decoding": 0.0, "answered": 0.0}
-        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("aiayn_requests_decoding "):
-                found["decoding"] = float(line.split()[1])
-            elif line.startswith('aiayn_requests_total{status="200"} '):
-                found["answered"] = float(line.split()[1])
-        if found["decoding"] + found["answered"] >= n:
-            return int(found["decoding"])
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not seen after {timeout} s")
         time.sleep(0.02)
-    raise AssertionError(f"{n} requests never all reached {url}")
 
 
 def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path):
+    """SIGTERM with requests in flight: each is finished, answered 200 and logged, and the log's WAL is
+    checkpointed. The requests are in flight at the signal on any host, fast or slow: the test holds
+    the request log's write lock (``BEGIN IMMEDIATE``) from before they are sent until uvicorn says it
+    waits for their connections, so each is decoded and waits to be logged (an answer is never sent
+    unlogged) when the signal comes. (The old version raced the host: on a slow CI host every request
+    had been answered before the signal, and the test failed.)"""
+    n = 4  # each request waiting on the log holds one of asyncio's worker threads (min(32, cores + 4))
     port = tiny.free_port()
     log_db = tmp_path / "requests.db"
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([str(BIN / "aiayn"), "serve", "--bundle", str(world["bundle"]), "--port", str(port),
-                             "--log-path", str(log_db), "--poll-s", "0", "--max-wait-ms", "3000"],
+                             "--log-path", str(log_db), "--poll-s", "0"],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    sentences = [world["en"][3 * i : 3 * i + 3] for i in range(n)]
     try:
         _wait(f"{url}/ready", proc, log, timeout=120)
-
-        def one(i: int) -> httpx.Response:
-            return httpx.post(f"{url}/translate", json={"sentences": world["en"][i : i + 3]}, timeout=60)
-
-        with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(one, i) for i in range(8)]
-            in_flight = _wait_all_arrived(url, 8)  # every request accepted; some wait in the 3 s batching window (room for a slow or busy host)
-            proc.send_signal(signal.SIGTERM)
-            answers = [f.result() for f in futures]
-        assert in_flight >= 1, "every request was answered before the signal: nothing was left to drain"
-        assert [a.status_code for a in answers] == [200] * 8
+        holder = sqlite3.connect(log_db, isolation_level=None, timeout=30)
+        holder.execute("BEGIN IMMEDIATE")  # the service's log writes wait (busy timeout: 10 s)
+        try:
+            with httpx.Client(timeout=60) as client, ThreadPoolExecutor(n) as pool:
+                futures = [pool.submit(client.post, f"{url}/translate", json={"sentences": s}) for s in sentences]
+                _until(lambda: _metric(url, "aiayn_batch_sentences_sum") >= 3 * n, "every sentence decoded")
+                answered_before = _metric(url, 'aiayn_requests_total{status="200"}')
+                proc.send_signal(signal.SIGTERM)
+                _until(lambda: "Waiting for connections to close" in log.read_text(), "the drain waiting on the requests")
+                holder.execute("ROLLBACK")
+                answers = [f.result() for f in futures]
+        finally:
+            holder.close()
+        assert answered_before == 0, "a request was answered before the signal: nothing was left to drain"
+        assert [a.status_code for a in answers] == [200] * n, [a.text for a in answers]
         assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its graceful shutdown
     finally:
         if proc.poll() is None:
             proc.kill()
-    rows = sqlite3.connect(log_db).execute("SELECT count(*) FROM requests").fetchone()[0]
-    assert rows == 8
+    logged = sqlite3.connect(log_db).execute("SELECT request_id FROM requests").fetchall()
+    assert sorted(r[0] for r in logged) == sorted(json.loads(a.text)["request_id"] for a in answers)
     assert not Path(str(log_db) + "-wal").exists() or Path(str(log_db) + "-wal").stat().st_size == 0
-    assert json.loads(answers[0].text)["translations"] == BundlePredictor(world["bundle"]).translator.translate(world["en"][0:3], OPTIONS)
+    assert json.loads(answers[0].text)["translations"] == BundlePredictor(world["bundle"]).translator.translate(sentences[0], OPTIONS)
 
 
 def test_two_replicas_on_postgres_log_every_answer_exactly_once(world, tmp_path):
