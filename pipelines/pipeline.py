@@ -53,6 +53,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from aiayn.checks import load_checked  # noqa: E402
+from aiayn.exitcodes import EXIT_TRAINING_CUT  # noqa: E402
 from aiayn.host import host_info, matmul_gflops  # noqa: E402
 from aiayn.lineage import dvc_data_hashes  # noqa: E402
 from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
@@ -318,6 +319,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         pushed = dvc_push(str(root_path)) if push else None
 
         mlflow_link = tracker.parent_run_url()
+        training = _read_json(layout.train_metrics)
         markdown = render_report(
             metrics=_read_json(layout.eval_metrics),
             scores=_read_json(layout.eval / "scores.json"),
@@ -327,7 +329,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             ran=ran,
             push=pushed,
             title=f"aiayn pipeline run {runtime.flow_run.name}",
-            training=_read_json(layout.train_metrics),
+            training=training,
             timing=timing,
         )
         artifact_id = publish_report(markdown)
@@ -345,11 +347,14 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         "mlflow_link": mlflow_link,
         "artifact_id": artifact_id,
         "report": markdown,
+        "training_budget": (training or {}).get("budget"),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.pipeline [--root DIR] [--no-push] [--mirror DIR]``: one pipeline run; 1 if it failed."""
+    """``python -m pipelines.pipeline [--root DIR] [--no-push] [--mirror DIR]``: one pipeline run; exit 1 if it
+    failed, ``aiayn.exitcodes.EXIT_TRAINING_CUT`` (3) if every stage ran but training was cut by the clock or
+    a signal (the report says so first), else 0."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pipelines.pipeline", description=pipeline.description)
@@ -359,7 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     state = pipeline(root=args.root, push=args.push, mirror=args.mirror, return_state=True)
     if state.is_completed():
-        print(state.result()["report"])
+        result = state.result()
+        print(result["report"])
+        budget = result.get("training_budget") or ""
+        if budget.startswith("CUT"):
+            print(f"pipeline finished, but training was {budget} (exit {EXIT_TRAINING_CUT})", file=sys.stderr)
+            return EXIT_TRAINING_CUT
         return 0
     print(f"pipeline failed: {state.message}", file=sys.stderr)
     return 1

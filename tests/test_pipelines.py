@@ -609,6 +609,31 @@ def test_render_report_opens_with_a_cut_budget():
     assert md.splitlines()[0].startswith("# ") and "Training: complete: max_steps 2600 reached" in md
 
 
+@pytest.mark.parametrize("budget, status", [("CUT by max_time_s at step 1576 of max_steps 1900: training did not finish", 3),
+                                            ("complete: max_steps 1900 reached", 0), (None, 0)])
+def test_pipeline_exit_status_says_when_training_was_cut(monkeypatch, capsys, budget, status):
+    """A run cut by the clock is a failure (developers' guide): ``python -m pipelines.pipeline`` (``make run``)
+    prints its report, then exits 3 with the cut on stderr, so ``make run && ...`` and schedulers stop there."""
+    import pipelines.pipeline as pp
+
+    class Done:
+        def is_completed(self) -> bool:
+            return True
+
+        def result(self) -> dict:
+            return {"report": "# report", "training_budget": budget}
+
+    def flow(**kw) -> Done:
+        return Done()
+
+    flow.description = pp.pipeline.description
+    monkeypatch.setattr(pp, "pipeline", flow)
+    assert pp.main(["--root", "."]) == status
+    out, err = capsys.readouterr()
+    assert out.startswith("# report")
+    assert ("training was CUT by max_time_s at step 1576" in err) == (status == 3)
+
+
 def test_render_report_puts_the_host_beside_the_timing():
     """Every timing carries the host's line (developers' guide: hosts of one kind differ ~2x): the report
     gives the DVC stages' wall time with the host and its 2-thread matmul GFLOP/s before and after."""

@@ -57,6 +57,32 @@ def test_alias_rule_champion_only_when_at_least_as_good():
     assert choose_alias(29.9, 30.0) == CHALLENGER
 
 
+def test_a_model_whose_training_was_cut_is_never_made_champion():
+    """A run cut by the clock or a signal is a failure (its model is not the configured one): the registry
+    gives it ``challenger`` even with no champion yet or a better BLEU, and the export stage marks it so."""
+    from aiayn.stages.export import registry_provenance
+
+    assert choose_alias(40.0, None, budget_cut="max_time_s") == CHALLENGER
+    assert choose_alias(40.0, 30.0, budget_cut="signal") == CHALLENGER
+    assert registry_provenance({"stopped_by": "max_time_s"}, "c0ffee", False) == {
+        "git_commit": "c0ffee", "git_dirty": False, "train.budget_cut": "max_time_s"}
+    for complete in ("max_steps", "early_stop", "max_epochs"):
+        assert "train.budget_cut" not in registry_provenance({"stopped_by": complete}, "c0ffee", False)
+
+
+def test_a_cut_model_registers_as_challenger_with_no_champion(world, tmp_path):
+    """Through MLflow: the first version of a fresh registry, its training cut, gets ``challenger`` and the
+    ``train.budget_cut`` tag; no ``champion`` alias exists, so ``aiayn serve`` does not pick it up."""
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _register(store, tmp_path, world["ct2"], 40.0, cut="max_time_s")
+    assert out == {"version": "1", "alias": CHALLENGER, "champion_bleu_before": None}
+    client = MlflowClient(tracking_uri=store)
+    assert client.get_model_version("aiayn-en-de", "1").tags["train.budget_cut"] == "max_time_s"
+    assert CHAMPION not in client.get_registered_model("aiayn-en-de").aliases
+
+
 def test_sentences_from_every_pyfunc_input_shape():
     want = ["a man", "two dogs"]
     assert sentences_from_input(want) == want
@@ -110,13 +136,15 @@ def test_bad_bundles_are_refused_with_a_message(world, tmp_path):
 # --------------------------------------------------------------------------- registry + pyfunc
 
 
-def _register(store: str, root: Path, bundle: Path, bleu: float) -> dict:
+def _register(store: str, root: Path, bundle: Path, bleu: float, cut: str | None = None) -> dict:
+    from aiayn.stages.export import registry_provenance
     from aiayn.tracking import Tracker
 
+    meta = {"stopped_by": cut or "max_steps"}
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
         variant = read_bundle_info(bundle)["variant"]
         out = register_bundle(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,
-                              example=["a man"], provenance={"git_commit": "c0ffee", "git_dirty": False})
+                              example=["a man"], provenance=registry_provenance(meta, "c0ffee", False))
     assert out is not None, "registration failed (see the warning)"
     return out
 

@@ -7,9 +7,13 @@ number so that callers (DVC, Prefect, CI scripts) read it alike.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT"]
 
 #: Exit status after SIGINT / Ctrl-C or SIGTERM was handled (128 + SIGINT = 130), as shells report Ctrl-C.
 EXIT_INTERRUPTED = 130
 #: Exit status when the reader of standard output went away (128 + SIGPIPE = 141), e.g. ``| head``.
 EXIT_BROKEN_PIPE = 141
+#: Exit status of a pipeline run that finished every stage but whose training was cut by the clock
+#: (``train.max_time_s``) or a signal: its report, metrics and model exist, yet the model is not the
+#: configured one, so callers (``make run && ...``, schedulers, CI) must not take it for a success.
+EXIT_TRAINING_CUT = 3

@@ -13,7 +13,8 @@ as an MLflow pyfunc model (input: sentences; output: translations), registered a
 ``aiayn-{src_lang}-{tgt_lang}`` (``aiayn.config.registered_model_name``; env ``AIAYN_REGISTERED_MODEL``
 overrides), so champions never cross language pairs, and the alias ``champion`` moves to it only
 when its ``quantize.gate_split`` BLEU is >= the current champion's of the same registered model
-(``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``.
+(``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``. A model whose training was cut
+by the clock or a signal is always ``challenger`` (``registry_provenance``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from aiayn.lineage import dvc_data_hashes, git_commit
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.settings import Settings
 from aiayn.stages import Layout
+from aiayn.stages.train import CUT_REASONS
 from aiayn.translate import max_source_tokens
 
-__all__ = ["run", "REGISTERED_MODEL", "RECORD"]
+__all__ = ["run", "REGISTERED_MODEL", "RECORD", "registry_provenance"]
 
 log = logging.getLogger("aiayn")
 
@@ -103,6 +105,17 @@ def _shipped(params: Params, layout: Layout) -> tuple[str, str, dict[str, dict[s
     return variant, why, scores, report
 
 
+def registry_provenance(model_meta: dict[str, Any], commit: str | None, dirty: bool | None) -> dict[str, Any]:
+    """What the registered version carries beyond the bundle (its tags and its card's provenance): the git
+    commit, and ``train.budget_cut`` (``max_time_s`` or ``signal``) when training was cut, which makes the
+    registry give it ``challenger`` whatever its BLEU (``aiayn.tracking.choose_alias``): a cut model is not
+    the configured one, so it is never served as ``champion`` without a person choosing it."""
+    out: dict[str, Any] = {"git_commit": commit, "git_dirty": dirty}
+    if model_meta.get("stopped_by") in CUT_REASONS:
+        out["train.budget_cut"] = model_meta["stopped_by"]
+    return out
+
+
 def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> dict[str, Any]:
     """Build ``artifacts/export`` and register it through ``recorder``. Returns
     ``{variant, bundle, registered: {version, alias}|None}`` (None: the recorder registered nothing).
@@ -161,7 +174,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         registered = register_bundle(
             tracker, layout.export, name=name, variant=variant, gate_split=q.gate_split,
             bleu=float(scores[q.gate_split]["bleu"]), example=["A man is riding a bicycle down the street."],
-            provenance={"git_commit": commit, "git_dirty": dirty})
+            provenance=registry_provenance(model_meta, commit, dirty))
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
         if registered and hf_dir is not None and params.export.mlflow_transformers:

@@ -21,6 +21,7 @@ from aiayn.tracking.store import http_unreachable
 __all__ = [
     "CHAMPION",
     "CHALLENGER",
+    "BUDGET_CUT_TAG",
     "choose_alias",
     "RegistryError",
     "translation_pyfunc_class",
@@ -32,12 +33,18 @@ __all__ = [
 ]
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+#: version tag (and train stage run tag) naming why training was cut: ``max_time_s`` or ``signal``
+BUDGET_CUT_TAG = "train.budget_cut"
 
 
-def choose_alias(new_bleu: float, champion_bleu: float | None) -> str:
+def choose_alias(new_bleu: float, champion_bleu: float | None, *, budget_cut: str | None = None) -> str:
     """The alias a new version gets: ``champion`` when there is no champion yet or
     ``new_bleu >= champion_bleu`` (a tie moves the alias: the newer pipeline run, with the newest code
-    and data, wins at equal quality), else ``challenger``. A champion without a BLEU tag counts as absent."""
+    and data, wins at equal quality), else ``challenger``. A champion without a BLEU tag counts as absent.
+    ``budget_cut`` (the ``train.budget_cut`` tag: ``max_time_s`` or ``signal``): training was cut, so the
+    model is not the configured one; it is ``challenger`` whatever its BLEU (never served by default)."""
+    if budget_cut:
+        return CHALLENGER
     if champion_bleu is None or new_bleu >= champion_bleu:
         return CHAMPION
     return CHALLENGER
@@ -122,8 +129,8 @@ def register_translation(client: Any, *, tracking_uri: str, experiment_id: str, 
                          predictor: type, tags: Mapping[str, Any]) -> dict[str, Any]:
     """Log ``bundle`` as an MLflow pyfunc model (``serving_model``) of the pipeline run ``parent_run_id``
     (else of ``run_id``, the export stage's run), register a version of ``name`` and give it an alias by
-    ``choose_alias``. The version carries tags ``bleu.<gate_split>``, ``gate_split``, ``variant`` and
-    ``tags``. Returns ``{"version", "alias", "champion_bleu_before"}``; MLflow's errors propagate."""
+    ``choose_alias`` (a ``train.budget_cut`` entry in ``tags``: training was cut, ``challenger``). The
+    version carries tags ``bleu.<gate_split>``, ``gate_split``, ``variant`` and ``tags``. Returns ``{"version", "alias", "champion_bleu_before"}``; MLflow's errors propagate."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.exceptions import MlflowException
 
@@ -159,7 +166,7 @@ def register_translation(client: Any, *, tracking_uri: str, experiment_id: str, 
         mv = client.create_model_version(name, source=f"models:/{model.model_id}", run_id=source_run,
                                          tags=version_tags, model_id=model.model_id)
     champion_bleu = _alias_bleu(client, name, CHAMPION, gate_split)
-    alias = choose_alias(bleu, champion_bleu)
+    alias = choose_alias(bleu, champion_bleu, budget_cut=version_tags.get(BUDGET_CUT_TAG))
     client.set_registered_model_alias(name, alias, mv.version)
     return {"version": str(mv.version), "alias": alias, "champion_bleu_before": champion_bleu}
 
