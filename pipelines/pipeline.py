@@ -51,6 +51,7 @@ apply_project_env()  # before Prefect is imported: it reads its settings once
 from prefect import flow, get_client, get_run_logger, runtime, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.states import Failed, State  # noqa: E402
 
 from aiayn.checks import load_checked  # noqa: E402
 from aiayn.exitcodes import EXIT_TRAINING_CUT  # noqa: E402
@@ -296,8 +297,10 @@ def publish_report(markdown: str) -> str:
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> dict[str, Any]:
-    """Fetch, ``dvc repro``, ``dvc push`` and publish the markdown report for the project at ``root``."""
+def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> dict[str, Any] | State:
+    """Fetch, ``dvc repro``, ``dvc push`` and publish the markdown report for the project at ``root``.
+    Returns the run's summary; when training was cut by the clock or a signal, a ``Failed`` state holding
+    it (``state.result(raise_on_failure=False)``), so a scheduled run that was cut shows as failed."""
     root_path = Path(root).resolve()
     layout = Layout(root_path)
     params = load_checked(root_path / "params.yaml", root_path)  # every problem at once, before any stage
@@ -339,7 +342,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
                 report = Path(tmp) / "pipeline_report.md"
                 report.write_text(markdown, encoding="utf-8")
                 tracker.log_artifact(report)
-    return {
+    result = {
         "data": data_status,
         "ran": ran,
         "push": pushed,
@@ -349,6 +352,21 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         "report": markdown,
         "training_budget": (training or {}).get("budget"),
     }
+    return final_result(result)
+
+
+def final_result(result: dict[str, Any]) -> dict[str, Any] | State:
+    """What the flow returns: ``result``, or when training was cut (``result["training_budget"]`` starts with
+    ``CUT``) a ``Failed`` state holding it — a cut run is a failure (a scheduled run shows Failed), and
+    everything it made is kept and reported."""
+    if _training_cut(result):
+        return Failed(message=f"training was {result['training_budget']}: every stage ran and the report is "
+                      "published, but the model is not the configured one", data=result)
+    return result
+
+
+def _training_cut(result: Any) -> bool:
+    return isinstance(result, dict) and str(result.get("training_budget") or "").startswith("CUT")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,13 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     state = pipeline(root=args.root, push=args.push, mirror=args.mirror, return_state=True)
     if state.is_completed():
-        result = state.result()
-        print(result["report"])
-        budget = result.get("training_budget") or ""
-        if budget.startswith("CUT"):
-            print(f"pipeline finished, but training was {budget} (exit {EXIT_TRAINING_CUT})", file=sys.stderr)
-            return EXIT_TRAINING_CUT
+        print(state.result()["report"])
         return 0
+    result = state.result(raise_on_failure=False)
+    if state.is_failed() and _training_cut(result):
+        print(result["report"])
+        print(f"pipeline finished, but training was {result['training_budget']} (exit {EXIT_TRAINING_CUT})",
+              file=sys.stderr)
+        return EXIT_TRAINING_CUT
     print(f"pipeline failed: {state.message}", file=sys.stderr)
     return 1
 
