@@ -60,14 +60,18 @@ def test_alias_rule_champion_only_when_at_least_as_good():
 def test_a_model_whose_training_was_cut_is_never_made_champion():
     """A run cut by the clock or a signal is a failure (its model is not the configured one): the registry
     gives it ``challenger`` even with no champion yet or a better BLEU, and the export stage marks it so."""
+    from aiayn.config import TrainConfig
     from aiayn.stages.export import registry_provenance
+    from aiayn.stages.train import budget_line
 
     assert choose_alias(40.0, None, budget_cut="max_time_s") == CHALLENGER
     assert choose_alias(40.0, 30.0, budget_cut="signal") == CHALLENGER
-    assert registry_provenance({"stopped_by": "max_time_s"}, "c0ffee", False) == {
+    cut = {"stopped_by": "max_time_s", "budget": budget_line("max_time_s", 1576, TrainConfig(max_steps=1900))}
+    assert registry_provenance(cut, "c0ffee", False) == {
         "git_commit": "c0ffee", "git_dirty": False, "train.budget_cut": "max_time_s"}
     for complete in ("max_steps", "early_stop", "max_epochs"):
-        assert "train.budget_cut" not in registry_provenance({"stopped_by": complete}, "c0ffee", False)
+        meta = {"stopped_by": complete, "budget": budget_line(complete, 1900, TrainConfig(max_steps=1900, max_epochs=9))}
+        assert "train.budget_cut" not in registry_provenance(meta, "c0ffee", False)
 
 
 def test_a_cut_model_registers_as_challenger_with_no_champion(world, tmp_path):
@@ -140,7 +144,7 @@ def _register(store: str, root: Path, bundle: Path, bleu: float, cut: str | None
     from aiayn.stages.export import registry_provenance
     from aiayn.tracking import Tracker
 
-    meta = {"stopped_by": cut or "max_steps"}
+    meta = {"stopped_by": cut or "max_steps", "budget": f"CUT by {cut}" if cut else "complete"}
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
         variant = read_bundle_info(bundle)["variant"]
         out = register_bundle(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,

@@ -31,7 +31,6 @@ from aiayn.lineage import dvc_data_hashes, git_commit
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.settings import Settings
 from aiayn.stages import Layout
-from aiayn.stages.train import CUT_REASONS
 from aiayn.translate import max_source_tokens
 
 __all__ = ["run", "REGISTERED_MODEL", "RECORD", "registry_provenance"]
@@ -111,8 +110,8 @@ def registry_provenance(model_meta: dict[str, Any], commit: str | None, dirty: b
     registry give it ``challenger`` whatever its BLEU (``aiayn.tracking.choose_alias``): a cut model is not
     the configured one, so it is never served as ``champion`` without a person choosing it."""
     out: dict[str, Any] = {"git_commit": commit, "git_dirty": dirty}
-    if model_meta.get("stopped_by") in CUT_REASONS:
-        out["train.budget_cut"] = model_meta["stopped_by"]
+    if str(model_meta.get("budget") or "").startswith("CUT"):  # the train stage's budget line (its first word)
+        out["train.budget_cut"] = model_meta.get("stopped_by") or "unknown"
     return out
 
 
