@@ -236,7 +236,7 @@ def render_report(
     matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host).
     """
     budget = (training or {}).get("budget")
-    lines = [f"> **WARNING: training {budget}**", ""] if budget and budget.startswith("CUT") else []
+    lines = [f"> **WARNING: training {budget}**", ""] if _is_cut(budget) else []
     lines += [f"# {title}", ""]
     if budget:
         lines += [f"Training: {budget}" + (f"; model: {_selection_text(training)}" if training.get("selection") else ""),
@@ -365,8 +365,13 @@ def final_result(result: dict[str, Any]) -> dict[str, Any] | State:
     return result
 
 
+def _is_cut(budget: str | None) -> bool:
+    """Whether the train stage's budget line says the run was cut by the clock or a signal."""
+    return str(budget or "").startswith("CUT")
+
+
 def _training_cut(result: Any) -> bool:
-    return isinstance(result, dict) and str(result.get("training_budget") or "").startswith("CUT")
+    return isinstance(result, dict) and _is_cut(result.get("training_budget"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -130,7 +130,8 @@ def register_translation(client: Any, *, tracking_uri: str, experiment_id: str, 
     """Log ``bundle`` as an MLflow pyfunc model (``serving_model``) of the pipeline run ``parent_run_id``
     (else of ``run_id``, the export stage's run), register a version of ``name`` and give it an alias by
     ``choose_alias`` (a ``train.budget_cut`` entry in ``tags``: training was cut, ``challenger``). The
-    version carries tags ``bleu.<gate_split>``, ``gate_split``, ``variant`` and ``tags``. Returns ``{"version", "alias", "champion_bleu_before"}``; MLflow's errors propagate."""
+    version carries tags ``bleu.<gate_split>``, ``gate_split``, ``variant`` and ``tags``. Returns
+    ``{"version", "alias", "champion_bleu_before"}``; MLflow's errors propagate."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.exceptions import MlflowException
 
