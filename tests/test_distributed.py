@@ -29,11 +29,12 @@ TESTS = Path(__file__).resolve().parent
 STEPS = 20
 
 
-def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, sleep: float = 0.0,
+def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, hold_at: int = 0,
              wait: bool = True, mode: str = "ddp") -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(TESTS / "support" / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
-    env = {**os.environ, "AIAYN_TEST_STEP_SLEEP": str(sleep), "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode}
+    env = {**os.environ, "AIAYN_TEST_HOLD_AT_STEP": str(hold_at), "PYTHONPATH": str(TESTS),
+           "AIAYN_TEST_DISTRIBUTED": mode}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -165,19 +166,21 @@ def test_sigterm_to_torchrun_then_rerun_equals_the_uninterrupted_run_and_resumes
     torchrun(2, tmp_path / "full", tmp_path / "full_ckpt", total, 2, mode=mode)
     full = load_file(str(tmp_path / "full" / "weights.safetensors"))
 
-    out, ckpt = tmp_path / "cut", tmp_path / "cut_ckpt"
-    proc = torchrun(2, out, ckpt, total, 2, sleep=0.1, wait=False, mode=mode)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        done = (out / "progress").read_text().split() if (out / "progress").exists() else []
-        if len(done) >= 8:
-            break
-        assert proc.poll() is None, proc.stdout.read().decode()
+    out, ckpt, hold_at = tmp_path / "cut", tmp_path / "cut_ckpt", 8
+    proc = torchrun(2, out, ckpt, total, 2, hold_at=hold_at, wait=False, mode=mode)  # rank 0 waits after step 8
+    deadline = time.monotonic() + 240
+    done: list[str] = []
+    while len(done) < hold_at and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+        done = (out / "progress").read_text().split() if (out / "progress").exists() else []
+    alive = proc.poll() is None
     proc.send_signal(signal.SIGTERM)  # to the launcher: torchrun passes it on to both ranks
-    proc.communicate(timeout=120)
+    launcher = proc.communicate(timeout=120)[0].decode(errors="replace")
+    said = f"steps done at the signal: {done}, launcher exit {proc.returncode}, its output:\n{launcher[-8000:]}"
+    assert alive and len(done) == hold_at, said  # the job was held mid-run when the signal came
+    assert (out / "steps.json").exists(), said  # rank 0 finished after the signal
     cut = steps_of(out)
-    assert cut["stopped_by"] == "signal" and 8 <= cut["step"] < total
+    assert cut["stopped_by"] == "signal" and cut["step"] == hold_at, said
     state = load_checkpoint(list_checkpoints(ckpt)[-1])
     assert state.step == cut["step"] and state.extra["world_size"] == 2 and state.extra["distributed"] == mode
     per_epoch = EpochBatchIterator(synthetic_split(96), max_tokens=64, data_seed=5).batches_in_epoch

@@ -5,7 +5,8 @@
 Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
 ``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
 appends each finished step to ``OUT/progress`` (the tests watch it to kill the job mid-run).
-``AIAYN_TEST_STEP_SLEEP`` seconds are slept after each step (so a signal lands mid-run);
+With ``AIAYN_TEST_HOLD_AT_STEP`` = k, rank 0 waits after step k until SIGTERM/SIGINT arrives, so a
+signal sent then stops the job at step k on a host of any speed (``hold_until_signalled``);
 ``AIAYN_TEST_DISTRIBUTED`` picks ``train.distributed`` (default ddp). The weights written are
 the final checkpoint's (full tensors also under FSDP).
 """
@@ -13,7 +14,9 @@ the final checkpoint's (full tensors also under FSDP).
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,20 +30,48 @@ from aiayn.train import train
 from test_train import MODEL, cfg, synthetic_split
 
 
+HOLD_TIMEOUT_S = 300.0
+
+
+def hold_until_signalled(timeout_s: float = HOLD_TIMEOUT_S) -> None:
+    """Wait until SIGTERM/SIGINT arrives (at most ``timeout_s`` seconds), passing it on to the handlers in
+    place (the trainer's, which stop the loop after this step). Called inside the loop, so the other rank
+    waits in the next collective: the job cannot run past this step before the signal, however slow or
+    starved the process that sends it."""
+    got = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame) -> None:
+        got.set()
+        if callable(previous[signum]):
+            previous[signum](signum, frame)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not got.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def main() -> int:
     out, ckpt, max_steps, grad_accum = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     out.mkdir(parents=True, exist_ok=True)
     world = world_from_env()
     init_process_group(world, torch.device("cpu"))
     settings = Settings.from_env()
-    sleep = settings.test_step_sleep
+    hold_at = settings.test_hold_at_step
     steps: dict[int, list[float]] = {}
 
     def on_step(step: int, m: dict[str, float]) -> None:
         steps[step] = [m["loss"], m["tokens"], m["grad_norm"]]
         with (out / "progress").open("a") as f:
             f.write(f"{step}\n")
-        time.sleep(sleep)
+        if step == hold_at:
+            hold_until_signalled()
 
     mode = settings.test_distributed
     result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
