@@ -32,6 +32,7 @@ STEPS = 20
 def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, hold_at: int = 0,
              wait: bool = True, mode: str = "ddp") -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "--shutdown-timeout=300",  # after a signal the ranks checkpoint; torchrun SIGKILLs them after this (30 s)
            str(TESTS / "support" / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
     env = {**os.environ, "AIAYN_TEST_HOLD_AT_STEP": str(hold_at), "PYTHONPATH": str(TESTS),
            "AIAYN_TEST_DISTRIBUTED": mode}

@@ -104,11 +104,15 @@ def test_noop_repro_is_fast_and_changes_nothing(project):
     root, env = project["root"], project["env"]
     before = (root / "dvc.lock").read_text()
     t0 = time.perf_counter()
+    sh(str(BIN / "dvc"), "status", cwd=root, env=env)  # the reference: dvc's start-up and hashing, no stage run
+    status_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     out = sh(str(BIN / "dvc"), "repro", cwd=root, env=env).stdout
     seconds = time.perf_counter() - t0
-    assert "up to date" in out.lower()
+    assert "up to date" in out.lower() and "running stage" not in out.lower(), out
     assert (root / "dvc.lock").read_text() == before
-    assert seconds < 15, f"no-op dvc repro took {seconds:.1f} s"
+    # a ratio to the reference in the same run, not a wall-clock bound: hosts differ ~2x and CI shares its cores
+    assert seconds < 2 * status_s + 5, f"no-op dvc repro took {seconds:.1f} s, dvc status {status_s:.1f} s"
 
 
 def test_train_stage_twice_gives_the_same_output_hash(project):

@@ -46,6 +46,10 @@ def services_env(tmp_path_factory) -> dict[str, str]:
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "false",
+        # the deployments' schedules are stored and read back, but the scheduler makes no runs of them: the test's
+        # worker would otherwise take an hourly (:00) or nightly (02:00 UTC) run when the test spans that minute,
+        # and an hourly run holding the drift check's concurrency slot cancels the test's own (CANCEL_NEW)
+        "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "DVC_NO_ANALYTICS": "1",
     }

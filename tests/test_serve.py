@@ -277,21 +277,25 @@ def test_a_request_whose_caller_gave_up_is_not_decoded(world):
     model = ServedModel(tr, OPTIONS, "m", "1", "x")
     units = tr.prepare(world["en"][:4], OPTIONS).units
     decoded: list[int] = []
+    started, release = threading.Event(), threading.Event()
 
-    def decode(m, u, job):
+    def decode(m, u, job):  # the first decode holds the only worker until the test releases it
         decoded.append(len(u))
-        time.sleep(0.3)
+        started.set()
+        release.wait(60)
         return m.translator.decoder.translate_ids(u, job)
 
     async def main():
         b = MicroBatcher(max_batch=1, max_wait_s=0, workers=1, decode=decode)
         b.start()
         first = asyncio.ensure_future(b.submit(model, units[:1], OPTIONS))
-        await asyncio.sleep(0.1)  # decoding now; the next two wait in the queue
+        await asyncio.to_thread(started.wait, 60)  # decoding now: the next two wait in the queue
         gone = asyncio.ensure_future(b.submit(model, units[1:3], OPTIONS))
         kept = asyncio.ensure_future(b.submit(model, units[3:], OPTIONS))
-        await asyncio.sleep(0.05)
+        while b._queue.qsize() < 2:  # both queued (no worker is free to take them) -- no sleep decides this
+            await asyncio.sleep(0.01)
         gone.cancel()  # its client hung up
+        release.set()
         res = await asyncio.gather(first, kept)
         await b.stop()
         return res
@@ -339,7 +343,7 @@ def test_a_lone_request_does_not_wait_for_company(world):
     units = tr.prepare(world["en"][:3], OPTIONS).units
 
     async def main():
-        b = MicroBatcher(max_batch=64, max_wait_s=5.0, workers=1)
+        b = MicroBatcher(max_batch=64, max_wait_s=120.0, workers=1)  # far above any host's decode time
         b.start()
         t0 = time.perf_counter()
         lone = await b.submit(model, units[:1], OPTIONS)
@@ -350,7 +354,7 @@ def test_a_lone_request_does_not_wait_for_company(world):
         return lone, lone_s, pair
 
     lone, lone_s, pair = asyncio.run(main())
-    assert lone_s < 2.0, f"a lone request waited {lone_s:.2f} s (max_wait 5 s)"
+    assert lone_s < 60, f"a lone request waited {lone_s:.2f} s (max_wait 120 s)"
     assert lone == tr.decoder.translate_ids(units[:1], OPTIONS) and [p[0] for p in pair] == tr.decoder.translate_ids(units[1:3], OPTIONS)
 
 

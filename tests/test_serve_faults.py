@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from support import tiny  # noqa: E402
+from support.services import wait_for  # noqa: E402
 from aiayn.decoders import DecodeOptions  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -257,23 +258,22 @@ def test_retention_runs_on_its_own_timer_and_a_failed_prune_rolls_back(world, tm
     the trigger is gone the rows go, and their text is not left in the database or its WAL."""
     s = ServeProcess(world["bundle"], tmp_path, "--retention-days", "0.00003")
     try:
-        first = httpx.post(f"{s.url}/translate", json={"sentences": ["a man qzqzmarker"]}, timeout=60)
-        assert first.status_code == 200
-        other = sqlite3.connect(s.db, timeout=5)
+        other = sqlite3.connect(s.db, timeout=5)  # the schema is there once serve is ready
         other.execute("CREATE TRIGGER no_delete BEFORE DELETE ON sentences BEGIN SELECT RAISE(ABORT, 'disk full'); END")
         other.commit()
-        time.sleep(5)  # the first request is prunable now; the timer has failed to prune it a few times
+        first = httpx.post(f"{s.url}/translate", json={"sentences": ["a man qzqzmarker"]}, timeout=60)
+        assert first.status_code == 200
+        # the first request turns prunable after 2.6 s; wait for the timer to fail on it twice (each a tick)
+        wait_for(lambda: s.metric("aiayn_log_prune_failures_total") >= 2, 120, "the timer failing to prune twice",
+                 interval_s=0.2)
         again = httpx.post(f"{s.url}/translate", json={"sentences": ["a dog qzqzmarker"]}, timeout=60)
         assert again.status_code == 200, again.text
-        assert s.metric("aiayn_log_prune_failures_total") >= 2
         other.execute("DROP TRIGGER no_delete")  # not locked out by a half-open transaction
         other.commit()
         other.close()
-        deadline = time.monotonic() + 30
-        while s.rows():
-            assert time.monotonic() < deadline, "rows older than the retention were not pruned"
-            time.sleep(0.2)
-        time.sleep(0.5)
+        wait_for(lambda: not s.rows(), 60, "the rows older than the retention pruned", interval_s=0.2)
+        wait_for(lambda: "pruning works again" in s.text(), 30, "'pruning works again' in the server log",
+                 interval_s=0.2)
         text = s.text()
     finally:
         s.stop()

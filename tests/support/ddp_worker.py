@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import save_file
@@ -33,11 +34,12 @@ from test_train import MODEL, cfg, synthetic_split
 HOLD_TIMEOUT_S = 300.0
 
 
-def hold_until_signalled(timeout_s: float = HOLD_TIMEOUT_S) -> None:
-    """Wait until SIGTERM/SIGINT arrives (at most ``timeout_s`` seconds), passing it on to the handlers in
-    place (the trainer's, which stop the loop after this step). Called inside the loop, so the other rank
-    waits in the next collective: the job cannot run past this step before the signal, however slow or
-    starved the process that sends it."""
+def hold_until_signalled(announce: Callable[[], None], timeout_s: float = HOLD_TIMEOUT_S) -> None:
+    """Put a latch in front of the SIGTERM/SIGINT handlers in place (the trainer's, which still get the
+    signal and stop the loop after this step), then ``announce()`` (the test sends its signal once it sees
+    that), then wait for the signal, at most ``timeout_s`` seconds. Called inside the loop, so the other
+    rank waits in the next collective: the job cannot run past this step before the signal, however slow
+    or starved the process that sends it, and a signal right after the announcement is not missed."""
     got = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -49,6 +51,7 @@ def hold_until_signalled(timeout_s: float = HOLD_TIMEOUT_S) -> None:
     for sig in previous:
         signal.signal(sig, handler)
     try:
+        announce()
         deadline = time.monotonic() + timeout_s
         while not got.is_set() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -66,12 +69,16 @@ def main() -> int:
     hold_at = settings.test_hold_at_step
     steps: dict[int, list[float]] = {}
 
-    def on_step(step: int, m: dict[str, float]) -> None:
-        steps[step] = [m["loss"], m["tokens"], m["grad_norm"]]
+    def done(step: int) -> None:
         with (out / "progress").open("a") as f:
             f.write(f"{step}\n")
+
+    def on_step(step: int, m: dict[str, float]) -> None:
+        steps[step] = [m["loss"], m["tokens"], m["grad_norm"]]
         if step == hold_at:
-            hold_until_signalled()
+            hold_until_signalled(lambda: done(step))
+        else:
+            done(step)
 
     mode = settings.test_distributed
     result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
