@@ -33,9 +33,8 @@ def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int,
              wait: bool = True, mode: str = "ddp") -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "--shutdown-timeout=300",  # after a signal the ranks checkpoint; torchrun SIGKILLs them after this (30 s)
-           str(TESTS / "support" / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum)]
-    env = {**os.environ, "AIAYN_TEST_HOLD_AT_STEP": str(hold_at), "PYTHONPATH": str(TESTS),
-           "AIAYN_TEST_DISTRIBUTED": mode}
+           str(TESTS / "support" / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum), str(hold_at)]
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -1,12 +1,14 @@
 """One rank of the distributed-training tests (tests/test_distributed.py), launched by torchrun.
 
-``python -m torch.distributed.run --standalone --nproc_per_node N tests/support/ddp_worker.py OUT CKPT MAX_STEPS GRAD_ACCUM``
+``python -m torch.distributed.run --standalone --nproc_per_node N tests/support/ddp_worker.py
+OUT CKPT MAX_STEPS GRAD_ACCUM [HOLD_AT]``
 
 Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
 ``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
 appends each finished step to ``OUT/progress`` (the tests watch it to kill the job mid-run).
-With ``AIAYN_TEST_HOLD_AT_STEP`` = k, rank 0 waits after step k until SIGTERM/SIGINT arrives, so a
-signal sent then stops the job at step k on a host of any speed (``hold_until_signalled``);
+With HOLD_AT = k > 0, rank 0 waits after step k until SIGTERM/SIGINT arrives, so a signal sent
+then stops the job at step k on a host of any speed (``hold_until_signalled``);
+``AIAYN_TEST_STEP_SLEEP`` seconds are slept after each step;
 ``AIAYN_TEST_DISTRIBUTED`` picks ``train.distributed`` (default ddp). The weights written are
 the final checkpoint's (full tensors also under FSDP).
 """
@@ -62,11 +64,12 @@ def hold_until_signalled(announce: Callable[[], None], timeout_s: float = HOLD_T
 
 def main() -> int:
     out, ckpt, max_steps, grad_accum = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    hold_at = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     out.mkdir(parents=True, exist_ok=True)
     world = world_from_env()
     init_process_group(world, torch.device("cpu"))
     settings = Settings.from_env()
-    hold_at = settings.test_hold_at_step
+    sleep = settings.test_step_sleep
     steps: dict[int, list[float]] = {}
 
     def done(step: int) -> None:
@@ -79,6 +82,7 @@ def main() -> int:
             hold_until_signalled(lambda: done(step))
         else:
             done(step)
+        time.sleep(sleep)
 
     mode = settings.test_distributed
     result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
