@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.config import ConfigError, params_from_dict
-from aiayn.distributed import World, agree, all_reduce_sum, rank_device, torchrun_command, world_from_env
+from aiayn.distributed import (SHUTDOWN_GRACE_S, World, agree, all_reduce_sum, rank_device, torchrun_command,
+                               world_from_env)
 from aiayn.batching import EpochBatchIterator
 from aiayn.train import dropout_seed, train
 from test_train import MODEL, assert_bitwise_equal, cfg, synthetic_split, weights
@@ -100,8 +101,27 @@ def test_torchrun_command_uses_this_interpreter():
     cmd = torchrun_command(4, "aiayn.stages.train_worker", "root", "job")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc_per_node=4" in cmd and cmd[-4:] == ["-m", "aiayn.stages.train_worker", "root", "job"]
+    assert f"--shutdown-timeout={SHUTDOWN_GRACE_S}" in cmd
     with pytest.raises(ValueError):
         torchrun_command(0, "m")
+
+
+@pytest.mark.slow
+def test_after_a_signal_the_launcher_waits_for_ranks_that_take_longer_than_torchruns_30_s(tmp_path):
+    """SIGTERM to the stage's torchrun line: each rank gets ``SHUTDOWN_GRACE_S`` to stop (it finishes its
+    update and rank 0 checkpoints), not torchrun's own 30 s, after which it would be SIGKILLed and the
+    steps since the last checkpoint lost. The ranks here take 40 s to stop (``support.slow_stop_rank``)."""
+    from support.slow_stop_rank import STOP_S
+
+    proc = subprocess.Popen(torchrun_command(2, "support.slow_stop_rank", str(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(TESTS)})
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready.*"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=STOP_S + 240)[0].decode(errors="replace")
+    assert alive and sorted(p.name for p in tmp_path.glob("stopped.*")) == ["stopped.0", "stopped.1"], out[-4000:]
 
 
 def test_config_refuses_inconsistent_world():

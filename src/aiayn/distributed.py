@@ -15,7 +15,7 @@ What the training loop (``aiayn.train``) needs from the process group, in one pl
 - ``torchrun_command``: the launcher line the ``train`` stage runs when
   ``train.nproc_per_node > 1`` (single node, ``--standalone``). Several nodes: run
   ``torchrun --nnodes N --nproc_per_node G --rdzv_backend c10d --rdzv_endpoint host:port
-  -m aiayn.stages.train_worker ROOT PARAMS_JSON`` on each node yourself.
+  --shutdown-timeout 600 -m aiayn.stages.train_worker ROOT PARAMS_JSON`` on each node yourself.
 
 The data-order contract (world-size invariance) lives in ``aiayn.train``: every
 rank walks the same global batch sequence and takes its shard of each update.
@@ -128,16 +128,25 @@ def _comm_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def torchrun_command(nproc_per_node: int, module: str, *args: str) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc_per_node N -m MODULE ARGS...`` (torchrun, one node).
+#: Seconds torchrun lets the ranks run on after it passes on SIGTERM/SIGINT, before it SIGKILLs them (its
+#: own default is 30 s): they finish the update in flight and rank 0 writes the checkpoint, which for the
+#: base model on a slow CPU host takes longer than 30 s, and a killed rank loses the steps since the last one.
+SHUTDOWN_GRACE_S = 600
+
+
+def torchrun_command(nproc_per_node: int, module: str, *args: str,
+                     shutdown_grace_s: int = SHUTDOWN_GRACE_S) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc_per_node N --shutdown-timeout S -m MODULE ARGS...``
+    (torchrun, one node).
 
     Uses this interpreter (``sys.executable``), so the launcher works from a venv without
-    ``torchrun`` on ``PATH``. Raises ``ValueError`` if ``nproc_per_node < 1``.
+    ``torchrun`` on ``PATH``. ``shutdown_grace_s``: seconds the ranks get to stop after a signal
+    (``SHUTDOWN_GRACE_S``). Raises ``ValueError`` if ``nproc_per_node < 1``.
     """
     if nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
-            "-m", module, *args]
+            f"--shutdown-timeout={shutdown_grace_s}", "-m", module, *args]
 
 
 def shard_fsdp(model: torch.nn.Module, world: World, device: torch.device) -> None:
