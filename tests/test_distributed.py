@@ -32,9 +32,9 @@ STEPS = 20
 
 def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int, *, hold_at: int = 0,
              wait: bool = True, mode: str = "ddp") -> subprocess.Popen | subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "--shutdown-timeout=300",  # after a signal the ranks checkpoint; torchrun SIGKILLs them after this (30 s)
-           str(TESTS / "support" / "ddp_worker.py"), str(out), str(ckpt), str(max_steps), str(grad_accum), str(hold_at)]
+    # the train stage's own launcher line (its shutdown grace included), running the test worker
+    cmd = torchrun_command(nproc, "support.ddp_worker", str(out), str(ckpt), str(max_steps), str(grad_accum),
+                           str(hold_at))
     env = {**os.environ, "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -141,10 +141,14 @@ def test_bad_bundles_are_refused_with_a_message(world, tmp_path):
 
 
 def _register(store: str, root: Path, bundle: Path, bleu: float, cut: str | None = None) -> dict:
+    from aiayn.config import TrainConfig
     from aiayn.stages.export import registry_provenance
+    from aiayn.stages.train import budget_line
     from aiayn.tracking import Tracker
 
-    meta = {"stopped_by": cut or "max_steps", "budget": f"CUT by {cut}" if cut else "complete"}
+    stopped_by, step = cut or "max_steps", 54  # the train stage's model.json: a cut run stops short of max_steps
+    budget = budget_line(stopped_by, step, TrainConfig(max_steps=1900 if cut else step))
+    meta = {"stopped_by": stopped_by, "budget": budget}
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
         variant = read_bundle_info(bundle)["variant"]
         out = register_bundle(t, bundle, name="aiayn-en-de", variant=variant, gate_split="test_a", bleu=bleu,

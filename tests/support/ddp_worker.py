@@ -1,7 +1,7 @@
 """One rank of the distributed-training tests (tests/test_distributed.py), launched by torchrun.
 
-``python -m torch.distributed.run --standalone --nproc_per_node N tests/support/ddp_worker.py
-OUT CKPT MAX_STEPS GRAD_ACCUM [HOLD_AT]``
+``python -m torch.distributed.run --standalone --nproc_per_node N ... -m support.ddp_worker
+OUT CKPT MAX_STEPS GRAD_ACCUM [HOLD_AT]`` (``aiayn.distributed.torchrun_command``; ``tests`` on ``PYTHONPATH``)
 
 Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
 ``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
