@@ -39,7 +39,6 @@ __all__ = [
     "DVC_REMOTE_ENV",
     "REQUEST_LOG_URL_ENV",
     "REQUIRE_SERVICES_ENV",
-    "TEST_STEP_SLEEP_ENV",
     "TEST_DISTRIBUTED_ENV",
 ]
 
@@ -71,8 +70,6 @@ DVC_REMOTE_ENV = "AIAYN_DVC_REMOTE"
 REQUEST_LOG_URL_ENV = "AIAYN_REQUEST_LOG_URL"
 #: Tests: ``1`` makes a test that needs a missing service program fail instead of skip (CI).
 REQUIRE_SERVICES_ENV = "AIAYN_REQUIRE_SERVICES"
-#: Tests (``tests/support/ddp_worker.py``): seconds slept after each training step.
-TEST_STEP_SLEEP_ENV = "AIAYN_TEST_STEP_SLEEP"
 #: Tests (``tests/support/ddp_worker.py``): ``train.distributed`` of the worker (default ``ddp``).
 TEST_DISTRIBUTED_ENV = "AIAYN_TEST_DISTRIBUTED"
 
@@ -124,8 +121,6 @@ class Settings:
     request_log_url: str | None = None
     #: ``REQUIRE_SERVICES_ENV``: tests fail instead of skip without a service program.
     require_services: bool = False
-    #: ``TEST_STEP_SLEEP_ENV``: seconds the test DDP worker sleeps after each step.
-    test_step_sleep: float = 0.0
     #: ``TEST_DISTRIBUTED_ENV``: the test DDP worker's ``train.distributed``.
     test_distributed: str = "ddp"
 
@@ -135,8 +130,8 @@ class Settings:
         ``AIAYN_REGISTERED_MODEL`` (taken as given).
 
         Raises:
-            ValueError: ``AIAYN_SERVE_THREADS`` is not an integer or ``AIAYN_TEST_STEP_SLEEP`` not a
-                number (the message names the variable and quotes the value).
+            ValueError: ``AIAYN_SERVE_THREADS`` is not an integer (the message names the variable and
+                quotes the value).
         """
         env = os.environ if environ is None else environ
         mirror, error_file = _optional(env, MIRROR_ENV), _optional(env, STAGE_ERROR_FILE_ENV)
@@ -153,7 +148,6 @@ class Settings:
             dvc_remote=_optional(env, DVC_REMOTE_ENV),
             request_log_url=_optional(env, REQUEST_LOG_URL_ENV),
             require_services=env.get(REQUIRE_SERVICES_ENV) == "1",
-            test_step_sleep=_number(env, TEST_STEP_SLEEP_ENV, "0", float),
             test_distributed=env.get(TEST_DISTRIBUTED_ENV, "ddp"),
         )
 

@@ -8,7 +8,6 @@ Trains test_train's synthetic task with ``train(..., world=world_from_env())``; 
 appends each finished step to ``OUT/progress`` (the tests watch it to kill the job mid-run).
 With HOLD_AT = k > 0, rank 0 waits after step k until SIGTERM/SIGINT arrives, so a signal sent
 then stops the job at step k on a host of any speed (``hold_until_signalled``);
-``AIAYN_TEST_STEP_SLEEP`` seconds are slept after each step;
 ``AIAYN_TEST_DISTRIBUTED`` picks ``train.distributed`` (default ddp). The weights written are
 the final checkpoint's (full tensors also under FSDP).
 """
@@ -69,7 +68,6 @@ def main() -> int:
     world = world_from_env()
     init_process_group(world, torch.device("cpu"))
     settings = Settings.from_env()
-    sleep = settings.test_step_sleep
     steps: dict[int, list[float]] = {}
 
     def done(step: int) -> None:
@@ -82,7 +80,6 @@ def main() -> int:
             hold_until_signalled(lambda: done(step))
         else:
             done(step)
-        time.sleep(sleep)
 
     mode = settings.test_distributed
     result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
