@@ -7,7 +7,7 @@ number so that callers (DVC, Prefect, CI scripts) read it alike.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT", "CUT_PREFIX", "training_was_cut"]
 
 #: Exit status after SIGINT / Ctrl-C or SIGTERM was handled (128 + SIGINT = 130), as shells report Ctrl-C.
 EXIT_INTERRUPTED = 130
@@ -17,3 +17,13 @@ EXIT_BROKEN_PIPE = 141
 #: (``train.max_time_s``) or a signal: its report, metrics and model exist, yet the model is not the
 #: configured one, so callers (``make run && ...``, schedulers, CI) must not take it for a success.
 EXIT_TRAINING_CUT = 3
+#: The first word of the train stage's budget line when the run was cut (``aiayn.stages.train.budget_line``:
+#: ``CUT by <reason> at step ...``); ``complete: ...`` otherwise.
+CUT_PREFIX = "CUT"
+
+
+def training_was_cut(budget: str | None) -> bool:
+    """Whether a train stage's budget line (``None``: none recorded) says the run was cut by the clock or a
+    signal: what the model card's first line, the registry's alias, the flow's final state and the exit
+    status (``EXIT_TRAINING_CUT``) all go by."""
+    return str(budget or "").startswith(CUT_PREFIX)

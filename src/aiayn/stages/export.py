@@ -26,6 +26,7 @@ from typing import Any
 from aiayn.bundle import EAGER, read_model_config
 from aiayn.config import DataConfig, Params, corpus_identity, registered_model_name
 from aiayn.decoders import DecodeOptions
+from aiayn.exitcodes import training_was_cut
 from aiayn.export import build_bundle, register_bundle
 from aiayn.lineage import dvc_data_hashes, git_commit
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
@@ -110,7 +111,7 @@ def registry_provenance(model_meta: dict[str, Any], commit: str | None, dirty: b
     registry give it ``challenger`` whatever its BLEU (``aiayn.tracking.choose_alias``): a cut model is not
     the configured one, so it is never served as ``champion`` without a person choosing it."""
     out: dict[str, Any] = {"git_commit": commit, "git_dirty": dirty}
-    if str(model_meta.get("budget") or "").startswith("CUT"):  # the train stage's budget line (its first word)
+    if training_was_cut(model_meta.get("budget")):
         out["train.budget_cut"] = model_meta.get("stopped_by") or "unknown"
     return out
 

@@ -30,6 +30,7 @@ import torch
 
 from aiayn.checkpoint import list_checkpoints, save_model
 from aiayn.config import Params, TrainConfig
+from aiayn.exitcodes import CUT_PREFIX
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 from aiayn.progress import Progress
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord, StageRun
@@ -58,7 +59,7 @@ def budget_line(stopped_by: str, step: int, cfg: TrainConfig, early: str | None 
     """One line on how the run ended: ``complete: ...`` (its step budget, epoch budget or early stopping) or
     ``CUT by <reason> ...`` (the clock or a signal: not reproducible). The first line of every report."""
     if stopped_by in CUT_REASONS:
-        return (f"CUT by {stopped_by} at step {step} of max_steps {cfg.max_steps}: training did not finish; "
+        return (f"{CUT_PREFIX} by {stopped_by} at step {step} of max_steps {cfg.max_steps}: training did not finish; "
                 "the model is not the configured one and not reproducible")
     if stopped_by == "early_stop":
         return f"complete: early stop at step {step} of max_steps {cfg.max_steps} ({early or 'patience exhausted'})"
