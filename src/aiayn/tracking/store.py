@@ -7,7 +7,9 @@ file (without this MLflow would put them in ``./mlruns`` of the *current working
 stores (Postgres, an ``http(s)`` MLflow server) choose their own artifact location. A plain file
 store is refused by MLflow 3.17 unless ``MLFLOW_ALLOW_FILE_STORE=true``; we never use it.
 
-An ``http(s)`` store is probed first (``<uri>/health``, 2 s timeout), and unless already set MLflow's
+An ``http(s)`` store is probed first (``<uri>/health``): a refused connection or an unknown host is
+unreachable at once; a server that accepts but is slow to answer (a loaded host) gets 2, 5, then 10 s
+before it counts as unreachable (~17 s at most), so a busy server does not turn tracking off. Unless already set MLflow's
 HTTP client gets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=2`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT=30``
 (MLflow's own defaults, 7 retries and 120 s, would stall training for minutes on an outage).
 
@@ -47,7 +49,8 @@ MAX_PARAMS_TAGS_PER_BATCH = 100
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 _HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-_HEALTH_TIMEOUT_S = 2.0
+#: Seconds each ``/health`` try waits for an answer; the next try only follows a timeout.
+_HEALTH_TIMEOUTS_S = (2.0, 5.0, 10.0)
 
 
 def tracking_enabled(enabled: bool = True, settings: Settings | None = None) -> bool:
@@ -107,17 +110,25 @@ def _sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     return (Path(db_path).resolve().parent / "mlruns" / safe).as_uri()
 
 
-def http_unreachable(tracking_uri: str) -> str | None:
-    """None if ``<uri>/health`` answers at all (any HTTP status), else the reason."""
+def http_unreachable(tracking_uri: str, timeouts_s: tuple[float, ...] = _HEALTH_TIMEOUTS_S) -> str | None:
+    """None if ``<uri>/health`` answers at all (any HTTP status), else the reason (a string).
+
+    One try per entry of ``timeouts_s`` (seconds); only a timeout leads to the next try: a refused
+    connection or a name that does not resolve is the answer at once."""
     url = tracking_uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=_HEALTH_TIMEOUT_S):
-            return None
-    except urllib.error.HTTPError:
-        return None  # the server answered; /health may just not exist behind a proxy
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        return f"tracking server {tracking_uri} unreachable ({reason})"
+    reason: object = "no try"
+    for timeout_s in timeouts_s:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s):
+                return None
+        except urllib.error.HTTPError:
+            return None  # the server answered; /health may just not exist behind a proxy
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            if not isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError (3.10+)
+                break
+            reason = f"no answer in {timeout_s:g} s"
+    return f"tracking server {tracking_uri} unreachable ({reason})"
 
 
 def open_http(tracking_uri: str) -> str | None:
