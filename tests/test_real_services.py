@@ -252,7 +252,9 @@ def test_alias_and_artifacts_survive_a_restart_of_postgres_s3_and_mlflow(stack, 
 def test_mlflow_and_prefect_uis_in_a_browser(stack, pipeline_run):
     require("chromium", hint="install Debian's chromium and chromium-driver (make system-deps)")
     require("chromedriver", hint="install Debian's chromium-driver (make system-deps)")
-    from support.browser import check_mlflow_ui, check_prefect_ui, chromium
+    from support.browser import chromium
+    from support.mlflow_ui import check_mlflow_ui
+    from support.prefect_ui import check_prefect_ui
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 

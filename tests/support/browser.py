@@ -1,5 +1,10 @@
 """Headless-Chromium checks of the MLflow and Prefect web UIs, as a reviewer would see them.
 
+This module holds the browser (``chromium``) and the generic helpers both checks use (``api_json``,
+``wait_until``, ``settle``, ``checked_page``, ...); the checks themselves are in ``support.mlflow_ui``
+(``check_mlflow_ui``) and ``support.prefect_ui`` (``check_prefect_ui``), whose docstrings say what
+each UI does.
+
 Not a test module (no ``test_`` prefix): the ``services`` tests import it after the pipeline ran
 against real ``mlflow server`` / ``prefect server`` processes. It drives Debian's Chromium through
 Selenium (``/usr/bin/chromium`` + ``/usr/bin/chromedriver``, both given explicitly so Selenium
@@ -8,11 +13,11 @@ rendered pages*, not only in the APIs:
 
 - ``chromium(screens)``: a context manager that starts a fresh headless browser (own profile in a
   temp dir, 1600x1100 window) and always quits it.
-- ``check_mlflow_ui(...)``: the experiment's runs table (parent run, metric column, Dataset and
-  Models columns), the parent run's page (metric, datasets, logged model) and the registered
-  model's page (a version with the alias) in MLflow 3.17.2's UI.
-- ``check_prefect_ui(...)``: the flow run's page (name, ``Completed``) and the report artifact
-  (key page, then the artifact itself with its markdown rendered) in Prefect 3.9.1's UI.
+- ``mlflow_ui.check_mlflow_ui(...)``: the experiment's runs table (parent run, metric column,
+  Dataset and Models columns), the parent run's page (metric, datasets, logged model) and the
+  registered model's page (a version with the alias) in MLflow 3.17.2's UI.
+- ``prefect_ui.check_prefect_ui(...)``: the flow run's page (name, ``Completed``) and the report
+  artifact (key page, then the artifact itself with its markdown rendered) in Prefect 3.9.1's UI.
 
 The APIs are used only to look up ids that the page URLs need (experiment id, child runs of the
 parent, latest artifact of a key) and to make failure messages say what the server holds.
@@ -28,61 +33,14 @@ rendered text/elements, never fixed sleeps; once a page has rendered, an expecte
 The checks change the browser's UI state as a reviewer's clicks would (MLflow keeps the switch,
 ticked columns and expanded runs in localStorage), so a second check in the same browser may find
 the runs table already showing them; the returned dict says so.
-
-What the MLflow 3.17.2 UI does (read from its bundle, ``mlflow/server/js/build``, and seen here):
-
-- ``#/experiments/{id}`` is a redirect whose target depends on the UI-wide "GenAI | Model training"
-  switch at the top of the sidebar, *not* on the experiment's ``mlflow.experimentKind`` tag (a UI
-  feature flag, hard-wired on, derives the experiment kind from the switch). The switch comes from
-  ``?workflowType=`` in the URL, else the browser's localStorage ``mlflow.workflowType``, else
-  ``genai``: a fresh browser lands on the GenAI overview (``#/experiments/{id}/overview/usage``).
-  The check records the landing page, then clicks "Model training" as a reviewer would (that
-  navigates to ``#/experiments/{id}?workflowType=machine_learning`` and lands on
-  ``#/experiments/{id}/runs``); ``require_runs_landing=True`` makes a non-runs landing a failure.
-- Metric columns are hidden by default (the default columns are Dataset, Source, Models). The check
-  opens "Columns", searches the metric and ticks it, as a reviewer would.
-- The Dataset cell shows the first dataset and "+N" (up to three with "Expand rows"); the check
-  clicks "+N", which lists the others in a popover (saved as ``mlflow-experiment-runs-datasets.png``).
-  The run page's "Datasets" works the same way (``mlflow-run-datasets.png``).
-- The Models column lists logged models by their *source run* only (``source_run_id``; the run's
-  model outputs are not used, a flag that is off in 3.17.2), shown as ``<registered model> vN`` when
-  a registry version points at the model. aiayn's logged model is made by a stage (child) run, so
-  the parent row shows "-" and the stage row shows ``aiayn-en-de v1``. The check looks at the parent
-  row, then expands the parent's child runs; the result says which row showed it
-  (``models_row``, ``models_on_parent_row``). The parent's own run page does list the model under
-  "Logged models" (from its model outputs), which is checked there.
-- The runs table's metric cell is ellipsised on screen (``36.78912…``) but holds the full value, as
-  does the run page; both are compared to 4 significant digits (or the shown precision, if coarser).
-  On the run page the metric is typed into "Search metrics" (a long list scrolls inside its box) and
-  the window is made taller meanwhile, so that ``mlflow-run.png`` shows the metric, the datasets and
-  "Logged models" together.
-
-What the Prefect 3.9.1 UI does (``prefect/server/ui``; routes ``/runs/flow-run/:flowRunId``,
-``/artifacts/key/:artifactKey``, ``/artifacts/artifact/:artifactId``):
-
-- ``/`` serves the V1 UI (with a "Switch to V2 UI" link, although ``/ui-settings`` says
-  ``default_ui: v2``); the routes above are V1's.
-- The UI calls the API URL from ``/ui-settings``: ``PREFECT_UI_API_URL``, else ``PREFECT_API_URL``,
-  else ``http://<server.api.host>:<server.api.port>/api`` -- ``prefect server start --port N`` does not
-  change the latter, so without one of those variables the UI calls port 4200 and shows "Can't
-  connect to Server API" (``tests/services.PrefectServer`` sets ``PREFECT_API_URL``).
-- The key page shows the artifact's description and a timeline of its versions, not the markdown;
-  the markdown is rendered (``h1``..., lists, tables) on the artifact's own page, reached by its link.
-- ``GET /api/artifacts/{key}/latest`` answers with the *collection's* id; the artifact's id is
-  ``latest_id`` from ``POST /api/artifacts/latest/filter``.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
-import math
-import re
 import shutil
 import tempfile
-import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -103,6 +61,12 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
+__all__ = [
+    "API_TIMEOUT_S", "CHROMEDRIVER", "CHROMIUM", "CHROMIUM_FLAGS", "SETTLE_S",
+    "api_json", "checked_page", "chromium", "click", "find_css", "press_escape", "screenshot", "settle",
+    "visible_text", "wait_until", "window_height", "xpath_literal",
+]
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = (
@@ -110,41 +74,11 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--disable-dev-shm-usage", "--window-size=1600,1100",
 )
-LOGGED_MODEL_NAME = "serving_model"  # the name aiayn.tracking gives its MLflow logged model
 SETTLE_S = 5.0  # once a page has rendered, how long something that should be on it may still take
 API_TIMEOUT_S = 15.0
-RUN_PAGE_HEIGHT = 1800  # window height while the MLflow run page is checked (one screenshot shows it all)
-
-_RUN_NAME_COL = "attributes.`Run Name`"
-_DATASET_COL = "attributes.`Dataset`"
-_MODELS_COL = "attributes.`Models`"
 
 
 # --------------------------------------------------------------------------- browser
-
-
-def _datasets_behind_more(driver: WebDriver, container: WebElement, names: list[str], dataset_name: str,
-                          labels: Callable[[WebElement], list[str]], shot: Path) -> tuple[list[str], str | None]:
-    """Open the "+N" button of a datasets list (its popover is a ``[role=dialog]``), read the names
-    there, screenshot, close. Returns (all names seen, the button's label or None when there is none)."""
-    more = [b for b in _find(container, "button") if re.fullmatch(r"\+\d+", _text(b))]
-    if not more:
-        return names, None
-    opened = _text(more[0])
-    _click(driver, more[0])
-
-    def listed(d: WebDriver) -> list[str]:
-        return _dataset_names([t for x in _find(d, "[role=dialog]") for t in labels(x)])
-
-    try:
-        WebDriverWait(driver, SETTLE_S, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
-            lambda d: dataset_name in listed(d))
-    except TimeoutException:
-        pass
-    names = list(dict.fromkeys(names + listed(driver)))
-    _screenshot(driver, shot)
-    _press_escape(driver)
-    return names, opened
 
 
 @contextmanager
@@ -181,7 +115,7 @@ def chromium(screens: Path) -> Iterator[WebDriver]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _api_json(url: str, *, method: str = "GET", body: dict | None = None, missing: tuple[int, ...] = (404,)) -> Any:
+def api_json(url: str, *, method: str = "GET", body: dict | None = None, missing: tuple[int, ...] = (404,)) -> Any:
     """JSON of ``url``; ``None`` on an HTTP status in ``missing`` (other errors raise)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -194,7 +128,7 @@ def _api_json(url: str, *, method: str = "GET", body: dict | None = None, missin
         raise
 
 
-def _xpath_literal(s: str) -> str:
+def xpath_literal(s: str) -> str:
     if "'" not in s:
         return f"'{s}'"
     if '"' not in s:
@@ -202,13 +136,13 @@ def _xpath_literal(s: str) -> str:
     return "concat(" + ", \"'\", ".join(f"'{p}'" for p in s.split("'")) + ")"
 
 
-def _text(el: WebElement) -> str:
+def visible_text(el: WebElement) -> str:
     """Visible text of ``el`` on one line (``textContent`` when Selenium sees none, e.g. scrolled away)."""
     t = el.text or el.get_attribute("textContent") or ""
     return " ".join(t.split())
 
 
-def _wait(driver: WebDriver, timeout_s: float, what: str, cond: Callable[[WebDriver], Any]) -> Any:
+def wait_until(driver: WebDriver, timeout_s: float, what: str, cond: Callable[[WebDriver], Any]) -> Any:
     """Wait until ``cond(driver)`` is truthy; ``AssertionError`` naming ``what`` and the URL otherwise."""
     try:
         return WebDriverWait(driver, timeout_s, poll_frequency=0.2,
@@ -217,7 +151,7 @@ def _wait(driver: WebDriver, timeout_s: float, what: str, cond: Callable[[WebDri
         raise AssertionError(f"{what}: not shown after {timeout_s:g} s on {driver.current_url}") from None
 
 
-def _settle(driver: WebDriver, cond: Callable[[WebDriver], Any]) -> Any:
+def settle(driver: WebDriver, cond: Callable[[WebDriver], Any]) -> Any:
     """``cond(driver)`` once it is truthy within ``SETTLE_S`` (the page has rendered already), else None."""
     try:
         return WebDriverWait(driver, SETTLE_S, poll_frequency=0.2,
@@ -227,11 +161,11 @@ def _settle(driver: WebDriver, cond: Callable[[WebDriver], Any]) -> Any:
         return None
 
 
-def _find(driver: WebDriver | WebElement, css: str) -> list[WebElement]:
+def find_css(driver: WebDriver | WebElement, css: str) -> list[WebElement]:
     return driver.find_elements(By.CSS_SELECTOR, css)
 
 
-def _click(driver: WebDriver, el: WebElement) -> None:
+def click(driver: WebDriver, el: WebElement) -> None:
     """Scroll ``el`` into view and click it like a user; a JS click when an overlay is in the way."""
     driver.execute_script("arguments[0].scrollIntoView({block: 'center', inline: 'center'});", el)
     try:
@@ -241,7 +175,7 @@ def _click(driver: WebDriver, el: WebElement) -> None:
 
 
 @contextmanager
-def _page(driver: WebDriver, screens: Path, png: str, found: dict) -> Iterator[dict]:
+def checked_page(driver: WebDriver, screens: Path, png: str, found: dict) -> Iterator[dict]:
     """Run one page's checks; save ``screens/png`` afterwards, also when they fail (then re-raise).
 
     Yields the dict for this page (``url`` and ``screenshot`` are filled in); stored under
@@ -253,22 +187,22 @@ def _page(driver: WebDriver, screens: Path, png: str, found: dict) -> Iterator[d
     try:
         yield page
     except AssertionError as e:
-        _screenshot(driver, path)
+        screenshot(driver, path)
         raise AssertionError(f"{e} [screenshot: {path}]") from None
     except WebDriverException as e:
-        _screenshot(driver, path)
+        screenshot(driver, path)
         msg = (e.msg or str(e)).splitlines()[0] if (e.msg or str(e)) else ""
         raise AssertionError(f"{type(e).__name__} while checking {driver.current_url}: {msg} "
                              f"[screenshot: {path}]") from None
     except Exception:
-        _screenshot(driver, path)
+        screenshot(driver, path)
         raise
     else:
         page["url"] = driver.current_url
-        _screenshot(driver, path)
+        screenshot(driver, path)
 
 
-def _screenshot(driver: WebDriver, path: Path) -> None:
+def screenshot(driver: WebDriver, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(path))
@@ -276,299 +210,8 @@ def _screenshot(driver: WebDriver, path: Path) -> None:
         pass
 
 
-def _same_value(shown: str, expected: float) -> bool:
-    """``shown`` (a number as the UI writes it) equals ``expected`` to 4 significant digits, or to the
-    precision shown when that is coarser (e.g. ``36.8`` for 36.789)."""
-    m = re.search(r"-?\d+(?:\.(\d+))?(?:e[-+]?\d+)?", shown.replace(",", ""), re.IGNORECASE)
-    if not m:
-        return False
-    value = float(m.group(0))
-    if expected == 0:
-        return abs(value) < 1e-12
-    exp10 = math.floor(math.log10(abs(expected)))
-    tol = 0.5 * 10 ** (exp10 - 3)
-    if "e" not in m.group(0).lower():
-        tol = max(tol, 0.5 * 10 ** -len(m.group(1) or ""))
-    return abs(value - expected) <= tol * (1 + 1e-9)
-
-
-def _dataset_labels(root: WebDriver | WebElement) -> list[str]:
-    """Texts ``name (digest)`` of the dataset labels under ``root`` (leaf spans only)."""
-    out = []
-    for span in _find(root, "span"):
-        t = _text(span)
-        if re.fullmatch(r".+ \([0-9a-fA-F]{6,}\)", t) and not _find(span, "span") and span.is_displayed():
-            out.append(t)
-    return out
-
-
-def _dataset_names(texts: list[str]) -> list[str]:
-    """``"train.en (69adfa8e...)"`` -> ``"train.en"`` (the UI writes ``name (digest)``)."""
-    return [re.sub(r"\s*\([0-9a-fA-F]{6,}\)$", "", t).strip() for t in texts]
-
-
-# --------------------------------------------------------------------------- MLflow
-
-
-def _close_mlflow_assistant(driver: WebDriver) -> None:
-    """Close the "MLflow Assistant" side panel (opened by itself on a first visit; it hides a third of
-    the page). Best effort: nothing happens when it is not open."""
-    xp = ("//*[normalize-space(text())='MLflow Assistant']/ancestor::*[.//button[@aria-label='Close']][1]"
-          "//button[@aria-label='Close']")
-    for b in driver.find_elements(By.XPATH, xp)[:1]:
-        try:
-            b.click()
-        except WebDriverException:
-            pass
-
-
-def _dismiss_popovers(driver: WebDriver) -> None:
-    """Dismiss first-visit guidance popovers ("Got it") that cover the page. Best effort."""
-    for b in driver.find_elements(By.XPATH, "//button[normalize-space(.)='Got it']"):
-        try:
-            b.click()
-        except WebDriverException:
-            pass
-
-
-def _run_name(cell: WebElement | None) -> str:
-    """Run name in a runs-table "Run Name" cell (without the run's colour chip, e.g. ``#4299e0``)."""
-    return re.sub(r"^#[0-9a-fA-F]{6}\s+", "", _text(cell)) if cell is not None else ""
-
-
-def _runs_table_cell(driver: WebDriver, run_id: str, col_id: str) -> WebElement | None:
-    cells = _find(driver, f".ag-row[row-id='{run_id}'] [col-id='{col_id}']")
-    return cells[0] if cells else None
-
-
-def _models_in_cell(cell: WebElement | None, names: tuple[str, ...]) -> str | None:
-    """Text of a runs-table Models cell when it shows one of ``names`` (or links a model), else None."""
-    if cell is None:
-        return None
-    text = _text(cell)
-    links = [a.get_attribute("href") or "" for a in _find(cell, "a")]
-    if any(n in text for n in names) or any("/models/" in h for h in links):
-        return text
-    return None
-
-
-def _experiment_landing(driver: WebDriver, base: str, exp_id: str, timeout_s: float, page: dict) -> bool:
-    """Open ``#/experiments/{id}`` and wait for its redirect; True when it landed on the runs table."""
-    url = f"{base}/#/experiments/{exp_id}"
-    driver.get(url)
-    prefix = f"#/experiments/{exp_id}/"
-    tab = _wait(driver, timeout_s, f"a page of experiment {exp_id} (after opening {url})",
-                lambda d: (d.current_url.split(prefix, 1)[1].split("?")[0] or None) if prefix in d.current_url else None)
-    page["landing_url"] = driver.current_url
-    page["landing_tab"] = tab
-    if tab.startswith("runs"):
-        _wait(driver, timeout_s, "the runs table", lambda d: _find(d, ".ag-root .ag-row, .ag-overlay-no-rows-wrapper"))
-        return True
-    # wait for the page to render (a heading in the main area) so that the screenshot shows it
-    _wait(driver, timeout_s, f"the '{tab}' page", lambda d: _find(d, "main h2, main h1, h2"))
-    page["landing_heading"] = _text(_find(driver, "main h2, main h1, h2")[0])
-    return False
-
-
-def _switch_to_model_training(driver: WebDriver, base: str, exp_id: str, timeout_s: float, page: dict) -> None:
-    """Click the sidebar's "Model training" switch (a URL with ``?workflowType=machine_learning`` when
-    the click cannot be made) and wait for the runs table."""
-    _dismiss_popovers(driver)
-    switch = driver.find_elements(By.XPATH, "//aside//*[normalize-space(text())='Model training']")
-    if switch:
-        _click(driver, switch[0])
-        page["switched_by"] = "click on 'Model training'"
-    else:
-        driver.get(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning")
-        page["switched_by"] = "URL ?workflowType=machine_learning"
-    _wait(driver, timeout_s, "the runs table after switching to 'Model training'",
-          lambda d: f"#/experiments/{exp_id}/runs" in d.current_url and _find(d, ".ag-root"))
-
-
-def _show_metric_column(driver: WebDriver, metric_key: str, timeout_s: float, run_metrics: str = "") -> str:
-    """Make the runs table show the metric column ``metric_key`` via "Columns" (search + tick), as a
-    reviewer would; return how (``"shown already"`` / ``"ticked in Columns"``)."""
-    col_id = f"metrics.`{metric_key}`"
-    if _find(driver, f".ag-header-cell[col-id='{col_id}']"):
-        return "shown already"
-    buttons = driver.find_elements(By.XPATH, "//button[normalize-space(.)='Columns']")
-    if not buttons:
-        raise AssertionError(f"no 'Columns' button above the runs table on {driver.current_url}")
-    _click(driver, buttons[0])
-    search = _wait(driver, timeout_s, "the column selector ('Search columns')",
-                   lambda d: _find(d, "[role=dialog] input[placeholder='Search columns']"))[0]
-    search.send_keys(metric_key)
-
-    def metric_node(d: WebDriver) -> WebElement | None:
-        group = None
-        for node in _find(d, "[role=dialog] .du-bois-light-tree-treenode"):
-            title = _text(node)
-            if not title:
-                continue
-            if not _find(node, ".du-bois-light-tree-switcher-noop"):  # a group: "Metrics (1)", ...
-                group = title
-            elif group and group.startswith("Metrics") and title == metric_key:
-                return node
-        return None
-
-    try:
-        node = WebDriverWait(driver, SETTLE_S, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(metric_node)
-    except TimeoutException:
-        offered = [_text(n) for n in _find(driver, "[role=dialog] .du-bois-light-tree-treenode") if _text(n)]
-        raise AssertionError(f"metric '{metric_key}' is not offered by the runs table's 'Columns' selector "
-                             f"(its search shows {offered or 'nothing'}{run_metrics}) on {driver.current_url}") from None
-    _click(driver, _find(node, ".du-bois-light-tree-checkbox")[0])
-    search.send_keys(Keys.ESCAPE)
-    _wait(driver, timeout_s, f"column '{metric_key}' in the runs table",
-          lambda d: _find(d, f".ag-header-cell[col-id='{col_id}']"))
-    return "ticked in Columns"
-
-
-def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_id: str, parent_run_name: str,
-                      metric_key: str, metric_value: float, dataset_name: str, model_names: tuple[str, ...],
-                      screens: Path, timeout_s: float, page: dict) -> None:
-    url = driver.current_url
-    _close_mlflow_assistant(driver)
-    # 1. the parent run is a row (top level) with its name
-    try:
-        name_cell = _wait(driver, timeout_s, f"parent run {parent_run_id} as a row of the runs table",
-                          lambda d: _runs_table_cell(d, parent_run_id, _RUN_NAME_COL))
-    except AssertionError as e:
-        rows = [_run_name(c) for c in _find(driver, f".ag-row [col-id='{_RUN_NAME_COL}']")]
-        raise AssertionError(f"{e} (rows shown: {rows})") from None
-    if not _settle(driver, lambda d: _run_name(_runs_table_cell(d, parent_run_id, _RUN_NAME_COL)) == parent_run_name):
-        raise AssertionError(f"runs table: the row of run {parent_run_id} shows '{_run_name(name_cell)}', not the name "
-                             f"'{parent_run_name}' on {url}")
-    name_cell = _runs_table_cell(driver, parent_run_id, _RUN_NAME_COL)
-    page["run_name_shown"] = _run_name(name_cell)
-    page["columns_default"] = [h.get_attribute("col-id") for h in _find(driver, ".ag-header-cell")
-                               if (h.get_attribute("col-id") or "").startswith(("attributes.", "metrics.", "params.", "tags."))]
-
-    # 2. the metric: its column (hidden by default), the parent's value in it
-    run = (_api_json(f"{base}/api/2.0/mlflow/runs/get?run_id={parent_run_id}") or {}).get("run", {})
-    keys = sorted(m["key"] for m in run.get("data", {}).get("metrics", []))
-    hint = f"; the run has {len(keys)} metrics, closest: {difflib.get_close_matches(metric_key, keys, n=5, cutoff=0.4)}"
-    page["metric_column"] = _show_metric_column(driver, metric_key, timeout_s, hint)
-    metric_cell = _wait(driver, timeout_s, f"the parent run's '{metric_key}' cell",
-                        lambda d: _runs_table_cell(d, parent_run_id, f"metrics.`{metric_key}`"))
-    driver.execute_script("arguments[0].scrollIntoView({block: 'nearest', inline: 'center'});", metric_cell)
-    shown = _text(metric_cell)
-    page["metric_shown"] = shown
-    if not _same_value(shown, metric_value):
-        raise AssertionError(f"runs table: '{metric_key}' of run '{parent_run_name}' shows '{shown}', "
-                             f"expected {metric_value!r} (to 4 significant digits) on {url}")
-
-    # 3. the Dataset column: the first dataset(s) and "+N", which opens a popover with the others
-    def labels(root: WebElement | None) -> list[str]:
-        # the cell keeps all labels in the DOM but shows only the first (more with "Expand rows")
-        return [s.get_attribute("title") for s in _find(root, "span[title]") if s.is_displayed()] if root else []
-
-    cell = _runs_table_cell(driver, parent_run_id, _DATASET_COL)
-    names = _dataset_names(labels(cell))
-    page["dataset_column"] = "in the cell"
-    if dataset_name not in names and cell:
-        names, opened = _datasets_behind_more(driver, cell, names, dataset_name, labels,
-                                              Path(screens) / "mlflow-experiment-runs-datasets.png")
-        if opened:
-            page["dataset_column"] = f"in the popover of '{opened}'"
-    page["datasets_shown"] = names
-    if dataset_name not in names:
-        raise AssertionError(f"runs table: Dataset column of run '{parent_run_name}' does not show "
-                             f"'{dataset_name}' (shows {names or 'nothing'}) on {url}")
-
-    # 4. the Models column: the parent row, else a child row (logged models are listed by source run)
-    children = (_api_json(f"{base}/api/2.0/mlflow/runs/search", method="POST", body={
-        "experiment_ids": [exp_id], "filter": f"tags.mlflow.parentRunId = '{parent_run_id}'", "max_results": 100})
-        or {}).get("runs", [])
-    child_ids = {r["info"]["run_id"]: r["info"].get("run_name", "") for r in children}
-
-    def model_row(d: WebDriver) -> tuple[str, str] | None:
-        for run_id, run_name in ((parent_run_id, parent_run_name), *child_ids.items()):
-            if (text := _models_in_cell(_runs_table_cell(d, run_id, _MODELS_COL), model_names)) is not None:
-                return run_name, text
-        return None
-
-    found = None
-    if child_ids:
-        expander = _find(name_cell, "button")
-        if expander and not any(_runs_table_cell(driver, c, _RUN_NAME_COL) for c in child_ids):
-            _click(driver, expander[0])
-            _wait(driver, timeout_s, "the parent run's child runs (after expanding it)",
-                  lambda d: all(_runs_table_cell(d, c, _RUN_NAME_COL) for c in child_ids))
-    try:
-        found = WebDriverWait(driver, timeout_s, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(model_row)
-    except TimeoutException:
-        pass
-    shown_models = {name: _text(c) for run_id, name in ((parent_run_id, parent_run_name), *child_ids.items())
-                    if (c := _runs_table_cell(driver, run_id, _MODELS_COL)) is not None}
-    page["models_column"] = shown_models
-    if found is None:
-        raise AssertionError(f"runs table: the Models column shows none of {list(model_names)} for run "
-                             f"'{parent_run_name}' or its child runs (shows {shown_models}) on {url}")
-    page["models_row"], page["models_shown"] = found
-    page["models_on_parent_row"] = found[0] == parent_run_name
-    metric_header = _find(driver, f".ag-header-cell[col-id='metrics.`{metric_key}`']")
-    if metric_header:
-        driver.execute_script("arguments[0].scrollIntoView({block: 'nearest', inline: 'center'});", metric_header[0])
-
-
-def _check_run_page(driver: WebDriver, base: str, exp_id: str, *, parent_run_id: str, parent_run_name: str,
-                    metric_key: str, metric_value: float, dataset_name: str, logged_model_name: str,
-                    screens: Path, timeout_s: float, page: dict) -> None:
-    url = f"{base}/#/experiments/{exp_id}/runs/{parent_run_id}"
-    driver.get(url)
-    _wait(driver, timeout_s, f"run page title '{parent_run_name}'",
-          lambda d: d.find_elements(By.XPATH, f"//h2[normalize-space(.)={_xpath_literal(parent_run_name)}]"))
-    _close_mlflow_assistant(driver)
-    # metric table: a row "<metric link> | <value>"; filtered by its "Search metrics" box as a reviewer
-    # would (a long list scrolls inside the box, and the screenshot should show the metric)
-    search = _find(driver, "input[placeholder='Search metrics']")
-    if search:
-        search[0].send_keys(metric_key)
-    row_xp = f"//div[@role='row'][.//a[normalize-space(.)={_xpath_literal(metric_key)}]]"
-    try:
-        row = WebDriverWait(driver, SETTLE_S, 0.2).until(lambda d: d.find_elements(By.XPATH, row_xp))[0]
-    except TimeoutException:
-        rows = [_text(r) for r in driver.find_elements(By.XPATH, "//h4[starts-with(normalize-space(.), 'Metrics')]"
-                                                                "/following::div[@role='row'][position() <= 30]")]
-        raise AssertionError(f"run page: metric '{metric_key}' not in the Metrics table "
-                             f"(rows: {rows}) on {url}") from None
-    cells = _find(row, "[role=cell]")
-    # "Metric | Value" (+ "Models" when a logged model carries the metric): take the Value column
-    headers = [_text(h) for h in driver.find_elements(By.XPATH, "//div[@role='row'][.//*[normalize-space(.)='Value']]"
-                                                              "//*[@role='columnheader']")]
-    col = headers.index("Value") if "Value" in headers else 1
-    shown = _text(cells[col]) if len(cells) > col else ""
-    page["metric_shown"] = shown
-    if not _same_value(shown, metric_value):
-        raise AssertionError(f"run page: '{metric_key}' shows '{shown}', expected {metric_value!r} (to 4 significant digits) on {url}")
-
-    # logged models box ("Logged models (N)": an ag-grid with the model name as a link)
-    models = _wait(driver, timeout_s, f"logged model '{logged_model_name}' under 'Logged models'",
-                   lambda d: (names := [_text(a) for a in _find(d, ".ag-row [col-id='name'] a[href*='/models/']")])
-                   and logged_model_name in names and names)
-    page["logged_models"] = models
-    page["registered_models"] = sorted({_text(a) for a in _find(driver, "a[href*='#/models/'][href*='/versions/']")})
-
-    # datasets ("About this run" > Datasets: one shown, "+N" opens the rest in a popover)
-    ds_xp = "//h4[normalize-space(.)='Datasets']/following-sibling::*[1]"
-    box = _wait(driver, timeout_s, "'Datasets' in 'About this run'", lambda d: d.find_elements(By.XPATH, ds_xp))[0]
-    names = _dataset_names(_dataset_labels(box))
-    if dataset_name not in names:
-        names, opened = _datasets_behind_more(driver, box, names, dataset_name, _dataset_labels,
-                                              Path(screens) / "mlflow-run-datasets.png")
-        if opened:
-            page["datasets_opened"] = opened
-    page["datasets_shown"] = names
-    if dataset_name not in names:
-        raise AssertionError(f"run page: dataset '{dataset_name}' not under 'Datasets' (shows {names}) on {url}")
-    # the screenshot: scroll just enough to show the logged model too (below the metrics and params)
-    for a in _find(driver, ".ag-row [col-id='name'] a[href*='/models/']")[:1]:
-        driver.execute_script("arguments[0].scrollIntoView({block: 'nearest'});", a)
-
-
 @contextmanager
-def _window_height(driver: WebDriver, height: int) -> Iterator[None]:
+def window_height(driver: WebDriver, height: int) -> Iterator[None]:
     """A taller window meanwhile (the run page's metrics, params and logged models in one screenshot)."""
     size = driver.get_window_size()
     try:
@@ -584,235 +227,9 @@ def _window_height(driver: WebDriver, height: int) -> Iterator[None]:
             pass
 
 
-def _press_escape(driver: WebDriver) -> None:
+def press_escape(driver: WebDriver) -> None:
     """Press Escape on the focused element (closes popovers). Best effort."""
     try:
         driver.switch_to.active_element.send_keys(Keys.ESCAPE)
     except WebDriverException:
         pass
-
-
-def _check_registered_model(driver: WebDriver, base: str, *, model_name: str, alias: str, timeout_s: float,
-                            page: dict) -> None:
-    url = f"{base}/#/models/{urllib.parse.quote(model_name, safe='')}"
-    driver.get(url)
-    link_css = f"a[href*='#/models/{urllib.parse.quote(model_name, safe='')}/versions/']"
-    _wait(driver, timeout_s, f"registered model '{model_name}' with its versions",
-          lambda d: d.find_elements(By.XPATH, f"//h2[contains(normalize-space(.), {_xpath_literal(model_name)})]")
-          and _find(d, f"[role=row] {link_css}"))
-    _close_mlflow_assistant(driver)
-
-    def aliases_by_version(d: WebDriver) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for row in _find(d, "[role=row]"):
-            links = _find(row, link_css)
-            if links:
-                tags = _find(row, "[role=status][data-component-id*='aliastag' i]")
-                out[_text(links[0])] = [t.get_attribute("title") or _text(t).lstrip("@ ").strip() for t in tags]
-        return out
-
-    try:
-        WebDriverWait(driver, SETTLE_S, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
-            lambda d: any(alias in a for a in aliases_by_version(d).values()))
-    except TimeoutException:
-        pass
-    shown = aliases_by_version(driver)
-    page["aliases_shown"] = shown
-    versions = [v for v, a in shown.items() if alias in a]
-    expected = _api_json(f"{base}/api/2.0/mlflow/registered-models/alias?"  # 400 when there is no such alias
-                         + urllib.parse.urlencode({"name": model_name, "alias": alias}), missing=(400, 404))
-    expected_version = (expected or {}).get("model_version", {}).get("version")
-    page["alias_version_api"] = expected_version
-    if not versions:
-        raise AssertionError(f"registered model '{model_name}': no version shows alias '@{alias}' "
-                             f"(aliases shown: {shown}; API: {'version ' + expected_version if expected_version else 'no such alias'}) on {url}")
-    page["alias_version"] = versions[0]
-    if expected_version and versions[0] != f"Version {expected_version}":
-        raise AssertionError(f"registered model '{model_name}': '@{alias}' shown on {versions[0]}, the registry says "
-                             f"version {expected_version} on {url}")
-
-
-def check_mlflow_ui(driver: WebDriver, base_url: str, *, experiment_name: str, parent_run_id: str,
-                    parent_run_name: str, metric_key: str, metric_value: float, dataset_name: str,
-                    model_name: str, alias: str, screens: Path, timeout_s: float = 60,
-                    logged_model_name: str = LOGGED_MODEL_NAME, require_runs_landing: bool = False) -> dict:
-    """Check the pipeline's results in the MLflow UI at ``base_url`` (e.g. ``http://127.0.0.1:5000``).
-
-    1. ``#/experiments/{id}`` (id looked up by ``experiment_name``): where it lands is recorded; when
-       that is not the runs table (MLflow 3.17.2 in a fresh browser: the GenAI overview, see the module
-       doc), the "Model training" switch is clicked. ``require_runs_landing=True`` fails instead.
-    2. The runs table: row ``parent_run_name``; the ``metric_key`` column (ticked in "Columns") shows
-       ``metric_value`` (4 significant digits); the Dataset column lists ``dataset_name``; the Models
-       column shows ``logged_model_name`` / ``model_name`` (a registered version of it) on the parent
-       row or, after expanding it, on a child row (the logged model's source run).
-    3. The run page ``#/experiments/{id}/runs/{parent_run_id}``: the metric and its value, the dataset
-       under "Datasets" (opening "+N" if needed), ``logged_model_name`` under "Logged models".
-    4. ``#/models/{model_name}``: a version carries the alias ``alias`` (and it is the version the
-       registry API names for it).
-
-    Each page is saved in ``screens`` (also on failure). A page gets up to ``timeout_s`` to render and
-    load its data; once it has, a missing item fails within ``SETTLE_S`` (5 s). ~5-6 s when all is there.
-
-    Returns:
-        ``{"experiment_id", "seconds", "mlflow-experiment-landing": {...}, "mlflow-experiment-runs": {...},
-        "mlflow-run": {...}, "mlflow-registered-model": {...}}``, each page with its ``url``,
-        ``screenshot`` and what it showed.
-
-    Raises:
-        AssertionError: something is not on its page (the message names it, the URL and the screenshot).
-    """
-    t0 = time.monotonic()
-    base = base_url.rstrip("/")
-    screens = Path(screens)
-    screens.mkdir(parents=True, exist_ok=True)
-    exp = _api_json(f"{base}/api/2.0/mlflow/experiments/get-by-name?"
-                    + urllib.parse.urlencode({"experiment_name": experiment_name}))
-    if not exp:
-        raise AssertionError(f"experiment '{experiment_name}' not found at {base}")
-    exp_id = exp["experiment"]["experiment_id"]
-    found: dict[str, Any] = {"experiment_id": exp_id}
-    model_names = tuple(dict.fromkeys((logged_model_name, model_name)))
-
-    with _page(driver, screens, "mlflow-experiment-landing.png", found) as page:
-        on_runs = _experiment_landing(driver, base, exp_id, timeout_s, page)
-        page["landing_is_runs_table"] = on_runs
-        if not on_runs and require_runs_landing:
-            raise AssertionError(f"experiment '{experiment_name}' opens on '{page['landing_tab']}' "
-                                 f"({page.get('landing_heading', '')}), not on its runs table: MLflow's UI picks the "
-                                 "landing page from its GenAI/Model training switch (?workflowType=, localStorage "
-                                 "'mlflow.workflowType'), not from the mlflow.experimentKind tag")
-    with _page(driver, screens, "mlflow-experiment-runs.png", found) as page:
-        if not on_runs:
-            _switch_to_model_training(driver, base, exp_id, timeout_s, page)
-        _check_runs_table(driver, base, exp_id, parent_run_id=parent_run_id, parent_run_name=parent_run_name,
-                          metric_key=metric_key, metric_value=metric_value, dataset_name=dataset_name,
-                          model_names=model_names, screens=screens, timeout_s=timeout_s, page=page)
-    with _window_height(driver, RUN_PAGE_HEIGHT), _page(driver, screens, "mlflow-run.png", found) as page:
-        _check_run_page(driver, base, exp_id, parent_run_id=parent_run_id, parent_run_name=parent_run_name,
-                        metric_key=metric_key, metric_value=metric_value, dataset_name=dataset_name,
-                        logged_model_name=logged_model_name, screens=screens, timeout_s=timeout_s, page=page)
-    with _page(driver, screens, "mlflow-registered-model.png", found) as page:
-        _check_registered_model(driver, base, model_name=model_name, alias=alias, timeout_s=timeout_s, page=page)
-    found["seconds"] = round(time.monotonic() - t0, 1)
-    return found
-
-
-# --------------------------------------------------------------------------- Prefect
-
-
-def _prefect_api_error(driver: WebDriver) -> str | None:
-    """The UI's "Can't connect to Server API at ..." toast (the UI's API URL is wrong), if shown."""
-    for el in driver.find_elements(By.XPATH, "//*[contains(text(), \"Can't connect to Server API\")]"):
-        return _text(el)
-    return None
-
-
-def _prefect_wait(driver: WebDriver, timeout_s: float, what: str, cond: Callable[[WebDriver], Any]) -> Any:
-    """``_wait`` that gives up at once, with the UI's own message, when the UI cannot reach its API."""
-    def check(d: WebDriver) -> Any:
-        if err := _prefect_api_error(d):
-            raise AssertionError(f"{what}: the Prefect UI says '{err}' on {d.current_url} (the server's UI API "
-                                 "URL is wrong: start it with PREFECT_API_URL or PREFECT_UI_API_URL = its own /api)")
-        return cond(d)
-    return _wait(driver, timeout_s, what, check)
-
-
-def check_prefect_ui(driver: WebDriver, base_url: str, *, flow_run_id: str, flow_run_name: str, artifact_key: str,
-                     screens: Path, timeout_s: float = 60, artifact_text: str | None = None) -> dict:
-    """Check the pipeline's flow run and report artifact in the Prefect UI at ``base_url``
-    (``http://host:port``; a trailing ``/api`` is dropped).
-
-    1. ``/runs/flow-run/{flow_run_id}`` shows ``flow_run_name`` and the state badge ``Completed``.
-    2. ``/artifacts/key/{artifact_key}`` shows the key and its latest artifact; a click on it opens
-       ``/artifacts/artifact/{id}``, where the markdown is rendered: ``artifact_text`` (default: the
-       first heading of the artifact's markdown, read from the API) must be a rendered heading or
-       line, and the page must name the flow run ``flow_run_name``.
-
-    The server must give its UI a reachable API URL (``PREFECT_API_URL`` or ``PREFECT_UI_API_URL`` in
-    the server's environment; ``--port`` alone leaves the UI calling port 4200): the check fails at
-    once, saying so, when the UI shows "Can't connect to Server API".
-
-    Returns:
-        ``{"seconds", "prefect-flow-run": {...}, "prefect-artifact-key": {...}, "prefect-artifact": {...}}``.
-
-    Raises:
-        AssertionError: something is not on its page (the message names it, the URL and the screenshot).
-    """
-    t0 = time.monotonic()
-    base = base_url.rstrip("/").removesuffix("/api")
-    screens = Path(screens)
-    screens.mkdir(parents=True, exist_ok=True)
-    found: dict[str, Any] = {}
-
-    with _page(driver, screens, "prefect-flow-run.png", found) as page:
-        url = f"{base}/runs/flow-run/{flow_run_id}"
-        driver.get(url)
-        heading = ".page-heading .p-bread-crumbs__crumb"
-        try:  # the heading is "Runs / <flow run name>"
-            _prefect_wait(driver, timeout_s, "the flow run page's heading", lambda d: len(_find(d, heading)) >= 2)
-        except AssertionError as e:
-            known = _api_json(f"{base}/api/flow_runs/{flow_run_id}")
-            raise AssertionError(f"{e} ({'the API knows this flow run as ' + repr(known.get('name')) if known else 'the API has no flow run ' + flow_run_id})") from None
-        names = _settle(driver, lambda d: (n := [_text(c) for c in _find(d, heading)]) and flow_run_name in n and n)
-        page["heading"] = names or [_text(c) for c in _find(driver, heading)]
-        if not names:
-            raise AssertionError(f"flow run page heading shows {page['heading']}, not the name '{flow_run_name}' on {url}")
-        badge = _prefect_wait(driver, timeout_s, "the flow run's state badge", lambda d: _find(d, ".page-heading .state-badge"))
-        state = _settle(driver, lambda d: _text(_find(d, ".page-heading .state-badge")[0]) == "Completed" and "Completed")
-        page["state_shown"] = state or _text(badge[0])
-        if page["state_shown"] != "Completed":
-            raise AssertionError(f"flow run '{flow_run_name}' shows state '{page['state_shown']}', not 'Completed' on {url}")
-
-    # the latest artifact of the key (its id: the key page links it); /api/artifacts/{key}/latest
-    # answers with the collection's id instead, so ask the collections filter for latest_id
-    latest = next(iter(_api_json(f"{base}/api/artifacts/latest/filter", method="POST",
-                                 body={"artifacts": {"key": {"any_": [artifact_key]}}, "limit": 1}) or []), None)
-    with _page(driver, screens, "prefect-artifact-key.png", found) as page:
-        url = f"{base}/artifacts/key/{urllib.parse.quote(artifact_key, safe='')}"
-        driver.get(url)
-        heading = ".page-heading .p-bread-crumbs__crumb"
-        if latest is None:  # the UI renders an empty page for an unknown key: wait for its menu, then report
-            _prefect_wait(driver, timeout_s, "the Prefect UI", lambda d: d.find_elements(By.XPATH, "//*[normalize-space(text())='Artifacts' or normalize-space(text())='Dashboard']"))
-            _settle(driver, lambda d: _find(d, heading))
-            keys = sorted({c.get("key") for c in _api_json(f"{base}/api/artifacts/latest/filter", method="POST",
-                                                           body={"limit": 50}) or [] if c.get("key")})
-            raise AssertionError(f"no artifact with key '{artifact_key}': the page shows "
-                                 f"{[_text(c) for c in _find(driver, heading)] or 'no artifact'} (keys on the server: {keys}) on {url}")
-        _prefect_wait(driver, timeout_s, f"artifact key '{artifact_key}' in the page heading",
-                      lambda d: [c for c in _find(d, heading) if _text(c) == artifact_key])
-        link = _prefect_wait(driver, timeout_s, f"the latest '{artifact_key}' artifact in the timeline",
-                             lambda d: _find(d, f"a[href*='/artifacts/artifact/{latest['latest_id']}']"))[0]
-        page["description"] = latest.get("description")
-        page["artifact_id"] = latest["latest_id"]
-        page["url"] = driver.current_url
-    _click(driver, link)
-    with _page(driver, screens, "prefect-artifact.png", found) as page:
-        rendered = _prefect_wait(driver, timeout_s, f"the rendered markdown of artifact '{artifact_key}'",
-                                 lambda d: _find(d, ".artifact-data-view .markdown-renderer"))[0]
-        markdown = latest.get("data") or ""
-        heading = next((m.group(1).strip() for m in re.finditer(r"(?m)^#{1,6}\s+(.+?)\s*#*\s*$", markdown)), None)
-        want = artifact_text or heading
-        headings = [_text(h) for h in _find(rendered, "h1, h2, h3, h4, h5, h6")]
-        page["headings"] = headings
-        page["type"] = latest.get("type")
-        if want is None:
-            raise AssertionError(f"artifact '{artifact_key}' has no markdown heading to look for "
-                                 f"(type {latest.get('type')}) and no artifact_text was given; on {driver.current_url}")
-        try:
-            WebDriverWait(driver, SETTLE_S, 0.2).until(lambda d: want in headings or want in _text(rendered))
-        except TimeoutException:
-            raise AssertionError(f"artifact '{artifact_key}': '{want}' is not rendered (headings {headings}) "
-                                 f"on {driver.current_url}") from None
-        page["text_found"] = want
-        page["rendered_as_heading"] = want in headings
-        if artifact_text is None and not page["rendered_as_heading"]:
-            raise AssertionError(f"artifact '{artifact_key}': markdown heading '{want}' is not rendered as a heading "
-                                 f"(headings {headings}) on {driver.current_url}")
-        run_links = _prefect_wait(driver, timeout_s, "the artifact's flow run link",
-                                  lambda d: _find(d, "a[href*='/runs/flow-run/']"))
-        page["flow_runs_named"] = sorted({_text(a) for a in run_links if _text(a)})
-        if flow_run_name not in page["flow_runs_named"]:
-            raise AssertionError(f"artifact '{artifact_key}' names flow run(s) {page['flow_runs_named']}, not "
-                                 f"'{flow_run_name}', on {driver.current_url}")
-    found["seconds"] = round(time.monotonic() - t0, 1)
-    return found
