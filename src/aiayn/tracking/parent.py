@@ -159,10 +159,7 @@ def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
     if tests:
         lines += ["", "| test set | BLEU | chrF |", "|---|---:|---:|"]
         lines += [f"| {t} | {metrics[t + '.bleu']:.2f} | {metrics.get(t + '.chrf', float('nan')):.2f} |" for t in tests]
-    valid = [f"{k} {metrics[k]:.4g}" for k in ("averaged_valid_loss", "averaged_valid_bleu", "valid_loss", "valid_bleu")
-             if k in metrics]
-    if valid:
-        lines += ["", "Validation: " + ", ".join(valid)]
+    lines += _validation_lines(metrics)
     if tags.get("train.selection"):
         lines += ["", f"Model: {tags['train.selection']}"]
     corpus = ", ".join(f"{k.removeprefix('data.corpus.')} {v}" for k, v in sorted(tags.items())
@@ -171,3 +168,22 @@ def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
               + f"Data version: `{tags.get('data.version', 'unknown')}`; code: `{tags.get('git.commit', 'no git')}`"
               + (" (uncommitted changes)" if tags.get("git.dirty") == "true" else "")]
     return "\n".join(lines)
+
+
+#: (metric, label) of the validation lines: ``averaged_valid_*`` (a name kept since issue 2) is the chosen
+#: model's, an average or a single checkpoint; ``valid_*`` the last validation during training (its step
+#: is on the ``validate_every`` grid, so it may be before the last step).
+_VALIDATION_LINES = (
+    ("Validation of the chosen model", (("averaged_valid_loss", "loss"), ("averaged_valid_bleu", "BLEU"))),
+    ("Last validation during training", (("valid_loss", "loss"), ("valid_bleu", "BLEU"))),
+)
+
+
+def _validation_lines(metrics: dict[str, float]) -> list[str]:
+    """The description's validation lines, each saying whose scores they are (metric names in brackets)."""
+    lines = []
+    for label, keys in _VALIDATION_LINES:
+        parts = [f"{name} {metrics[k]:.4g} (`{k}`)" for k, name in keys if k in metrics]
+        if parts:
+            lines += ["", f"{label}: " + ", ".join(parts)]
+    return lines

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +51,13 @@ __all__ = ["Tracker", "MlflowRecorder"]
 
 log = logging.getLogger("aiayn.tracking")
 
+
+
+def mlflow_command() -> str:
+    """The ``mlflow`` executable of this interpreter's environment (its full path, e.g. ``.venv/bin/mlflow``),
+    or plain ``mlflow`` when there is none beside it."""
+    here = Path(sys.executable).parent / "mlflow"
+    return str(here) if here.is_file() else "mlflow"
 
 class MlflowRecorder:
     """The ``aiayn.recording.Recorder`` that records into MLflow: ``start(record)`` opens a ``Tracker``.
@@ -165,8 +173,9 @@ class Tracker:
 
     def run_url(self, *, parent: bool = False) -> str | None:
         """Where to look at this run (``parent=True``: its pipeline run): the UI link
-        for an ``http(s)`` tracking URI, else a ``mlflow ui --backend-store-uri ...``
-        hint. None when disabled."""
+        for an ``http(s)`` tracking URI, else a ``<venv>/bin/mlflow ui --backend-store-uri ...``
+        command (the ``mlflow`` beside this interpreter, so it runs from a shell without the venv on
+        ``PATH``). None when disabled."""
         if not self._active:
             return None
         run_id = self._parent_run_id if parent else self._run_id
@@ -174,7 +183,7 @@ class Tracker:
             base = self.tracking_uri.rstrip("/")
             return f"{base}/#/experiments/{self._experiment_id}/runs/{run_id}"
         return (
-            f"mlflow ui --backend-store-uri {self.tracking_uri}  "
+            f"{mlflow_command()} ui --backend-store-uri {self.tracking_uri}  "
             f"(experiment {self._experiment_id}, run {run_id})"
         )
 
