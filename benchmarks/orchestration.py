@@ -254,8 +254,8 @@ def bench_train_in_pipeline(work: Path, params_path: str, steps: int, rounds: in
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the markdown tables on stdout (progress on stderr)."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default=None, help="API URL of a running Prefect server (e.g. http://127.0.0.1:4200/api)")
     ap.add_argument("--params", default=str(REPO / "configs" / "smoke.yaml"), help="params file (default: smoke)")
@@ -269,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-in-pipeline", type=int, default=0, metavar="STEPS",
                     help="only: train STEPS steps alone vs inside the pipeline flow (measurement 5)")
     ap.add_argument("--train-params", default=str(REPO / "params.yaml"), help="params for --train-in-pipeline (the main job)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the markdown tables on stdout (progress on stderr)."""
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.train_in_pipeline:
         work = Path(tempfile.mkdtemp(prefix="aiayn-bench-orch-"))

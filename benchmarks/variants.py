@@ -389,33 +389,12 @@ def noise_verdict(delta: float, seed_std: float | None) -> str:
     return "yes" if abs(delta) > 2 * seed_std else "no"
 
 
-def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
-    done = [r for r in runs if r.get("eval")]
-    bleu = {r["name"]: r["eval"][PRIMARY]["bleu"] for r in done}
-    lines = [f"### Seed variance and variants ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
-             f"{platform.machine()}, {os.cpu_count()} CPUs, tag `{args.tag}`)", "",
-             f"`python benchmarks/variants.py {' '.join(args.argv)}`", "",
-             f"Budget (every run): {', '.join(f'{k}={v}' for k, v in args.budget.items())}; train.num_threads="
-             f"{args.budget.get('train.num_threads', threads_per_job(args.jobs))}, "
-             f"{args.jobs} runs at a time. BLEU = sacreBLEU on {PRIMARY} (beam 4, the evaluate stage). "
-             f"{len(done)} of {len(runs)} runs finished.", ""]
-    metrics: dict[str, float] = {}
-    lines += ["| source of variance | runs | BLEU mean | std | min | max | range |", "|---|---|---|---|---|---|---|"]
-    study_std: dict[str, float] = {}
-    for study, label in (("seed", "train.seed (data_seed 1)"), ("data_seed", "train.data_seed (seed 1)")):
-        vals = [bleu[r["name"]] for r in done if study in r["studies"]]
-        if len(vals) >= 2:
-            st = stats(vals)
-            study_std[study] = st["std"]
-            metrics |= {f"{study}.bleu_{k}": v for k, v in st.items()}
-            lines.append(f"| {label} | {st['n']} | {st['mean']:.2f} | {st['std']:.2f} | {st['min']:.2f} | "
-                         f"{st['max']:.2f} | {st['range']:.2f} |")
-    noise = max(study_std.values()) if study_std else 0.0
-    lines += ["", f"A variant's difference from the paper model counts as real when it exceeds 2 x the larger "
-                  f"seed standard deviation above ({2 * noise:.2f} BLEU) — and with 2 seeds per variant even that "
-                  f"is a coarse test.", ""]
+def _variant_rows(runs: list[dict[str, Any]], done: list[dict[str, Any]], bleu: dict[str, float], noise: float,
+                  study_std: dict[str, float], metrics: dict[str, float]) -> tuple[list[str], list[str]]:
+    """The variants table (``metrics`` gains each variant's numbers); ``(its lines, the study's variants)``."""
     from aiayn.model import Transformer
 
+    lines: list[str] = []
     in_variant_study = [r for r in runs if "variant" in r["studies"]]
     variant_seeds = sorted({r["seed"] for r in in_variant_study})
     study_variants = list(dict.fromkeys(r["variant"] for r in in_variant_study if r["variant"] != "paper"))
@@ -455,6 +434,12 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
             f"{delta:+.2f} | {verdict} | {tps_txt} | {ts_txt} | {dec.get('decode_tokens_per_s_b32', float('nan')):.0f} / "
             f"{dec.get('decode_tokens_per_s_b1', float('nan')):.0f} | {kv_all:.0f} | "
             f"{dec.get('long_bleu', float('nan')):.2f} / {dec.get('long_bleu_separate', float('nan')):.2f} |")
+    return lines, study_variants
+
+
+def _long_inputs_note(done: list[dict[str, Any]]) -> list[str]:
+    """The lines that describe the long inputs (none when no run measured them)."""
+    lines: list[str] = []
     longest = next((r["decode"] for r in done if r.get("decode", {}).get("long_inputs")), None)
     if longest:
         lines += ["", f"Long inputs: {longest['long_inputs']:.0f} inputs of 2-4 consecutive {PRIMARY} sentences, "
@@ -462,9 +447,12 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
                       f"tokens, every one longer than the longest training source sentence "
                       f"({longest['long_train_max_src_tokens']:.0f} tokens, EOS included); 'separately' = the "
                       f"same sentences translated one by one and joined, against the same references."]
-    table = "\n".join(lines)
-    (out_dir / "report.md").write_text(table + "\n", encoding="utf-8")
-    (out_dir / "runs.json").write_text(json.dumps(runs, indent=1, default=str), encoding="utf-8")
+    return lines
+
+
+def _plot(done: list[dict[str, Any]], bleu: dict[str, float], study_variants: list[str], args: argparse.Namespace,
+          out_dir: Path) -> None:
+    """The strip plot of BLEU per study and variant, ``out_dir/bleu.png`` (none without matplotlib)."""
     try:
         import matplotlib
 
@@ -487,10 +475,45 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) 
         fig.savefig(out_dir / "bleu.png", dpi=120)
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
+
+
+def report(runs: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path) -> dict[str, float]:
+    done = [r for r in runs if r.get("eval")]
+    bleu = {r["name"]: r["eval"][PRIMARY]["bleu"] for r in done}
+    lines = [f"### Seed variance and variants ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+             f"{platform.machine()}, {os.cpu_count()} CPUs, tag `{args.tag}`)", "",
+             f"`python benchmarks/variants.py {' '.join(args.argv)}`", "",
+             f"Budget (every run): {', '.join(f'{k}={v}' for k, v in args.budget.items())}; train.num_threads="
+             f"{args.budget.get('train.num_threads', threads_per_job(args.jobs))}, "
+             f"{args.jobs} runs at a time. BLEU = sacreBLEU on {PRIMARY} (beam 4, the evaluate stage). "
+             f"{len(done)} of {len(runs)} runs finished.", ""]
+    metrics: dict[str, float] = {}
+    lines += ["| source of variance | runs | BLEU mean | std | min | max | range |", "|---|---|---|---|---|---|---|"]
+    study_std: dict[str, float] = {}
+    for study, label in (("seed", "train.seed (data_seed 1)"), ("data_seed", "train.data_seed (seed 1)")):
+        vals = [bleu[r["name"]] for r in done if study in r["studies"]]
+        if len(vals) >= 2:
+            st = stats(vals)
+            study_std[study] = st["std"]
+            metrics |= {f"{study}.bleu_{k}": v for k, v in st.items()}
+            lines.append(f"| {label} | {st['n']} | {st['mean']:.2f} | {st['std']:.2f} | {st['min']:.2f} | "
+                         f"{st['max']:.2f} | {st['range']:.2f} |")
+    noise = max(study_std.values()) if study_std else 0.0
+    lines += ["", f"A variant's difference from the paper model counts as real when it exceeds 2 x the larger "
+                  f"seed standard deviation above ({2 * noise:.2f} BLEU) — and with 2 seeds per variant even that "
+                  f"is a coarse test.", ""]
+    variant_lines, study_variants = _variant_rows(runs, done, bleu, noise, study_std, metrics)
+    lines += variant_lines
+    lines += _long_inputs_note(done)
+    table = "\n".join(lines)
+    (out_dir / "report.md").write_text(table + "\n", encoding="utf-8")
+    (out_dir / "runs.json").write_text(json.dumps(runs, indent=1, default=str), encoding="utf-8")
+    _plot(done, bleu, study_variants, args, out_dir)
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap.add_argument("--seeds", type=ints, default=[1, 2, 3],
@@ -516,6 +539,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the like-for-like training tokens/s (fresh models, alternating rounds)")
     ap.add_argument("--remeasure", action="store_true",
                     help="redo the decode/train side measurements cached in test-output/variants/TAG/side.json")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     unknown = [v for v in args.variants if v not in VARIANTS]

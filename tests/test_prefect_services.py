@@ -83,8 +83,74 @@ def prefect_server(services_env) -> Iterator[str]:
         _stop(proc)
 
 
-@pytest.mark.timeout(SERVER_START_TIMEOUT_S + RUN_TIMEOUT_S + 300)
-def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_path, multi30k_mirror):
+def _check_the_deployments(root: Path, ids: dict) -> None:
+    """The deployments as the server reads them back: the nightly pipeline's and the hourly drift check's."""
+    from prefect import get_client
+
+    from pipelines.deploy import DEPLOYMENTS, WORK_POOL, load_flow
+
+    assert set(ids) == {f"{load_flow(spec.flow).name}/{spec.name}" for spec in DEPLOYMENTS}
+
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("pipeline/nightly")
+        assert nightly.id == ids["pipeline/nightly"]
+        assert nightly.work_pool_name == WORK_POOL
+        assert client.read_work_pool(WORK_POOL).type == "process"
+        assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in nightly.schedules] == [
+            ("0 2 * * *", "UTC", True)
+        ]
+        assert nightly.parameters == {"root": str(root), "push": True}
+        # the hourly drift check: explicit timezone and "one at a time, cancel the newcomer", read back
+        hourly = client.read_deployment_by_name("drift-check/hourly")
+        assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in hourly.schedules] == [
+            ("0 * * * *", "UTC", True)
+        ]
+        assert hourly.global_concurrency_limit.limit == 1
+        assert hourly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+
+
+def _run_on_a_worker(flow_run, services_env: dict[str, str], tmp_path: Path, multi30k_mirror):
+    """Run a worker until the nightly run completes, then the drift check on German input; its final state."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.deployments import run_deployment
+
+    from pipelines.deploy import WORK_POOL
+    from support.drift_inputs import read_split
+
+    worker_log = tmp_path / "worker.log"
+    worker = _start(
+        [str(VENV_BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--name", "test-worker"],
+        {**services_env, "AIAYN_DATA_MIRROR": str(multi30k_mirror), "OMP_NUM_THREADS": "1"},
+        worker_log,
+    )
+    try:
+        with get_client(sync_client=True) as client:
+
+            def final_state(run_id):
+                if worker.poll() is not None:
+                    raise RuntimeError(f"worker exited with {worker.returncode}:\n{_tail(worker_log)}")
+                state = client.read_flow_run(run_id).state
+                return state if state is not None and state.is_final() else None
+
+            state = _wait_for(lambda: final_state(flow_run.id), RUN_TIMEOUT_S, f"flow run {flow_run.id}",
+                              interval_s=3)
+            assert state.type == StateType.COMPLETED, f"{state.type}: {state.message}\n{_tail(worker_log, 80)}"
+
+            # the drift check on the worker, over the pipeline's reference: German input -> Failed
+            german = tmp_path / "german.txt"
+            german.write_text("\n".join(read_split(multi30k_mirror, "val", "de")[:60]) + "\n")
+            drift_run = run_deployment("drift-check/hourly", parameters={"input_path": str(german)},
+                                       timeout=0, as_subflow=False)
+            drift_state = _wait_for(lambda: final_state(drift_run.id), 600, f"drift-check run {drift_run.id}",
+                                    interval_s=3)
+    finally:
+        _stop(worker)
+    return drift_state
+
+
+def _report_and_stage_runs(flow_run) -> tuple[list, list, list[str]]:
+    """The flow run's report artifacts, the stage flow runs it tagged, and their flows' names (sorted)."""
     from prefect import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,
@@ -93,79 +159,42 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
         FlowRunFilterId,
         FlowRunFilterTags,
     )
+
+    from pipelines.pipeline import REPORT_KEY
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_KEY])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+        )
+        stage_runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"pipeline-run:{flow_run.id}"]))
+        )
+        stage_flows = sorted(client.read_flow(r.flow_id).name for r in stage_runs)
+    return artifacts, stage_runs, stage_flows
+
+
+@pytest.mark.timeout(SERVER_START_TIMEOUT_S + RUN_TIMEOUT_S + 300)
+def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_path, multi30k_mirror):
     from prefect.client.schemas.objects import StateType
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipelines.deploy import DEPLOYMENTS, WORK_POOL, deploy, load_flow
-    from pipelines.pipeline import REPORT_KEY
-    from support.drift_inputs import read_split
+    from pipelines.deploy import deploy
     from support.scratch import scratch_project
     from pipelines.stages import STAGES
 
     root = scratch_project(tmp_path / "project", SMOKE)
     with temporary_settings(updates={PREFECT_API_URL: prefect_server}):
         ids = deploy(root)
-        assert set(ids) == {f"{load_flow(spec.flow).name}/{spec.name}" for spec in DEPLOYMENTS}
-
-        with get_client(sync_client=True) as client:
-            nightly = client.read_deployment_by_name("pipeline/nightly")
-            assert nightly.id == ids["pipeline/nightly"]
-            assert nightly.work_pool_name == WORK_POOL
-            assert client.read_work_pool(WORK_POOL).type == "process"
-            assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in nightly.schedules] == [
-                ("0 2 * * *", "UTC", True)
-            ]
-            assert nightly.parameters == {"root": str(root), "push": True}
-            # the hourly drift check: explicit timezone and "one at a time, cancel the newcomer", read back
-            hourly = client.read_deployment_by_name("drift-check/hourly")
-            assert [(s.schedule.cron, s.schedule.timezone, s.active) for s in hourly.schedules] == [
-                ("0 * * * *", "UTC", True)
-            ]
-            assert hourly.global_concurrency_limit.limit == 1
-            assert hourly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+        _check_the_deployments(root, ids)
 
         flow_run = run_deployment("pipeline/nightly", timeout=0, as_subflow=False)
-        worker_log = tmp_path / "worker.log"
-        worker = _start(
-            [str(VENV_BIN / "prefect"), "worker", "start", "--pool", WORK_POOL, "--name", "test-worker"],
-            {**services_env, "AIAYN_DATA_MIRROR": str(multi30k_mirror), "OMP_NUM_THREADS": "1"},
-            worker_log,
-        )
-        try:
-            with get_client(sync_client=True) as client:
-
-                def final_state(run_id):
-                    if worker.poll() is not None:
-                        raise RuntimeError(f"worker exited with {worker.returncode}:\n{_tail(worker_log)}")
-                    state = client.read_flow_run(run_id).state
-                    return state if state is not None and state.is_final() else None
-
-                state = _wait_for(lambda: final_state(flow_run.id), RUN_TIMEOUT_S, f"flow run {flow_run.id}",
-                                  interval_s=3)
-                assert state.type == StateType.COMPLETED, f"{state.type}: {state.message}\n{_tail(worker_log, 80)}"
-
-                # the drift check on the worker, over the pipeline's reference: German input -> Failed
-                german = tmp_path / "german.txt"
-                german.write_text("\n".join(read_split(multi30k_mirror, "val", "de")[:60]) + "\n")
-                drift_run = run_deployment("drift-check/hourly", parameters={"input_path": str(german)},
-                                           timeout=0, as_subflow=False)
-                drift_state = _wait_for(lambda: final_state(drift_run.id), 600, f"drift-check run {drift_run.id}",
-                                        interval_s=3)
-        finally:
-            _stop(worker)
+        drift_state = _run_on_a_worker(flow_run, services_env, tmp_path, multi30k_mirror)
         assert drift_state.type == StateType.FAILED, f"{drift_state.type}: {drift_state.message}"
         assert drift_state.message.startswith("drift in 60 production inputs")
 
-        with get_client(sync_client=True) as client:
-            artifacts = client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_KEY])),
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
-            )
-            stage_runs = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"pipeline-run:{flow_run.id}"]))
-            )
-            stage_flows = sorted(client.read_flow(r.flow_id).name for r in stage_runs)
+        artifacts, stage_runs, stage_flows = _report_and_stage_runs(flow_run)
     assert len(artifacts) == 1 and artifacts[0].type == "markdown"
     for split in ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"):
         assert f"| {split} |" in artifacts[0].data

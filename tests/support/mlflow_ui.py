@@ -251,12 +251,9 @@ def _show_metric_column(driver: WebDriver, metric_key: str, timeout_s: float, ru
     return "ticked in Columns"
 
 
-def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_id: str, parent_run_name: str,
-                      metric_key: str, metric_value: float, dataset_name: str, model_names: tuple[str, ...],
-                      screens: Path, timeout_s: float, page: dict) -> None:
-    url = driver.current_url
-    _close_mlflow_assistant(driver)
-    # 1. the parent run is a row (top level) with its name
+def _check_parent_row(driver: WebDriver, parent_run_id: str, parent_run_name: str, timeout_s: float, page: dict,
+                      url: str) -> WebElement | None:
+    """Runs table, step 1: the parent run is a row (top level) with its name; return its name cell."""
     try:
         name_cell = wait_until(driver, timeout_s, f"parent run {parent_run_id} as a row of the runs table",
                           lambda d: _runs_table_cell(d, parent_run_id, _RUN_NAME_COL))
@@ -270,8 +267,12 @@ def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_i
     page["run_name_shown"] = _run_name(name_cell)
     page["columns_default"] = [h.get_attribute("col-id") for h in find_css(driver, ".ag-header-cell")
                                if (h.get_attribute("col-id") or "").startswith(("attributes.", "metrics.", "params.", "tags."))]
+    return name_cell
 
-    # 2. the metric: its column (hidden by default), the parent's value in it
+
+def _check_metric_cell(driver: WebDriver, base: str, parent_run_id: str, parent_run_name: str, metric_key: str,
+                       metric_value: float, timeout_s: float, page: dict, url: str) -> None:
+    """Runs table, step 2: the metric's column (hidden by default) shows the parent's value."""
     run = (api_json(f"{base}/api/2.0/mlflow/runs/get?run_id={parent_run_id}") or {}).get("run", {})
     keys = sorted(m["key"] for m in run.get("data", {}).get("metrics", []))
     hint = f"; the run has {len(keys)} metrics, closest: {difflib.get_close_matches(metric_key, keys, n=5, cutoff=0.4)}"
@@ -285,7 +286,10 @@ def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_i
         raise AssertionError(f"runs table: '{metric_key}' of run '{parent_run_name}' shows '{shown}', "
                              f"expected {metric_value!r} (to 4 significant digits) on {url}")
 
-    # 3. the Dataset column: the first dataset(s) and "+N", which opens a popover with the others
+
+def _check_dataset_cell(driver: WebDriver, parent_run_id: str, parent_run_name: str, dataset_name: str,
+                        screens: Path, page: dict, url: str) -> None:
+    """Runs table, step 3: the Dataset column shows ``dataset_name`` (in the cell, or behind its "+N")."""
     def labels(root: WebElement | None) -> list[str]:
         # the cell keeps all labels in the DOM but shows only the first (more with "Expand rows")
         return [s.get_attribute("title") for s in find_css(root, "span[title]") if s.is_displayed()] if root else []
@@ -302,6 +306,20 @@ def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_i
     if dataset_name not in names:
         raise AssertionError(f"runs table: Dataset column of run '{parent_run_name}' does not show "
                              f"'{dataset_name}' (shows {names or 'nothing'}) on {url}")
+
+
+def _check_runs_table(driver: WebDriver, base: str, exp_id: str, *, parent_run_id: str, parent_run_name: str,
+                      metric_key: str, metric_value: float, dataset_name: str, model_names: tuple[str, ...],
+                      screens: Path, timeout_s: float, page: dict) -> None:
+    """The runs table: the parent run's row, its metric, its dataset and the Models column."""
+    url = driver.current_url
+    _close_mlflow_assistant(driver)
+    # 1. the parent run is a row (top level) with its name
+    name_cell = _check_parent_row(driver, parent_run_id, parent_run_name, timeout_s, page, url)
+    # 2. the metric: its column (hidden by default), the parent's value in it
+    _check_metric_cell(driver, base, parent_run_id, parent_run_name, metric_key, metric_value, timeout_s, page, url)
+    # 3. the Dataset column: the first dataset(s) and "+N", which opens a popover with the others
+    _check_dataset_cell(driver, parent_run_id, parent_run_name, dataset_name, screens, page, url)
 
     # 4. the Models column: the parent row, else a child row (logged models are listed by source run)
     children = (api_json(f"{base}/api/2.0/mlflow/runs/search", method="POST", body={

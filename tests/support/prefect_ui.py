@@ -58,6 +58,83 @@ def _prefect_wait(driver: WebDriver, timeout_s: float, what: str, cond: Callable
     return wait_until(driver, timeout_s, what, check)
 
 
+def _check_flow_run_page(driver: WebDriver, base: str, page: dict, *, flow_run_id: str, flow_run_name: str,
+                         timeout_s: float) -> None:
+    """``/runs/flow-run/{flow_run_id}`` shows ``flow_run_name`` and the state badge ``Completed``."""
+    url = f"{base}/runs/flow-run/{flow_run_id}"
+    driver.get(url)
+    heading = ".page-heading .p-bread-crumbs__crumb"
+    try:  # the heading is "Runs / <flow run name>"
+        _prefect_wait(driver, timeout_s, "the flow run page's heading", lambda d: len(find_css(d, heading)) >= 2)
+    except AssertionError as e:
+        known = api_json(f"{base}/api/flow_runs/{flow_run_id}")
+        raise AssertionError(f"{e} ({'the API knows this flow run as ' + repr(known.get('name')) if known else 'the API has no flow run ' + flow_run_id})") from None
+    names = settle(driver, lambda d: (n := [visible_text(c) for c in find_css(d, heading)]) and flow_run_name in n and n)
+    page["heading"] = names or [visible_text(c) for c in find_css(driver, heading)]
+    if not names:
+        raise AssertionError(f"flow run page heading shows {page['heading']}, not the name '{flow_run_name}' on {url}")
+    badge = _prefect_wait(driver, timeout_s, "the flow run's state badge", lambda d: find_css(d, ".page-heading .state-badge"))
+    state = settle(driver, lambda d: visible_text(find_css(d, ".page-heading .state-badge")[0]) == "Completed" and "Completed")
+    page["state_shown"] = state or visible_text(badge[0])
+    if page["state_shown"] != "Completed":
+        raise AssertionError(f"flow run '{flow_run_name}' shows state '{page['state_shown']}', not 'Completed' on {url}")
+
+
+def _check_artifact_key_page(driver: WebDriver, base: str, page: dict, latest: dict | None, *, artifact_key: str,
+                             timeout_s: float) -> Any:
+    """``/artifacts/key/{artifact_key}`` shows the key and its latest artifact; return the artifact's link."""
+    url = f"{base}/artifacts/key/{urllib.parse.quote(artifact_key, safe='')}"
+    driver.get(url)
+    heading = ".page-heading .p-bread-crumbs__crumb"
+    if latest is None:  # the UI renders an empty page for an unknown key: wait for its menu, then report
+        _prefect_wait(driver, timeout_s, "the Prefect UI", lambda d: d.find_elements(By.XPATH, "//*[normalize-space(text())='Artifacts' or normalize-space(text())='Dashboard']"))
+        settle(driver, lambda d: find_css(d, heading))
+        keys = sorted({c.get("key") for c in api_json(f"{base}/api/artifacts/latest/filter", method="POST",
+                                                       body={"limit": 50}) or [] if c.get("key")})
+        raise AssertionError(f"no artifact with key '{artifact_key}': the page shows "
+                             f"{[visible_text(c) for c in find_css(driver, heading)] or 'no artifact'} (keys on the server: {keys}) on {url}")
+    _prefect_wait(driver, timeout_s, f"artifact key '{artifact_key}' in the page heading",
+                  lambda d: [c for c in find_css(d, heading) if visible_text(c) == artifact_key])
+    link = _prefect_wait(driver, timeout_s, f"the latest '{artifact_key}' artifact in the timeline",
+                         lambda d: find_css(d, f"a[href*='/artifacts/artifact/{latest['latest_id']}']"))[0]
+    page["description"] = latest.get("description")
+    page["artifact_id"] = latest["latest_id"]
+    page["url"] = driver.current_url
+    return link
+
+
+def _check_artifact_page(driver: WebDriver, page: dict, latest: dict, *, artifact_key: str, flow_run_name: str,
+                         timeout_s: float, artifact_text: str | None) -> None:
+    """The artifact's own page renders its markdown (``artifact_text`` or its first heading) and names the flow run."""
+    rendered = _prefect_wait(driver, timeout_s, f"the rendered markdown of artifact '{artifact_key}'",
+                             lambda d: find_css(d, ".artifact-data-view .markdown-renderer"))[0]
+    markdown = latest.get("data") or ""
+    heading = next((m.group(1).strip() for m in re.finditer(r"(?m)^#{1,6}\s+(.+?)\s*#*\s*$", markdown)), None)
+    want = artifact_text or heading
+    headings = [visible_text(h) for h in find_css(rendered, "h1, h2, h3, h4, h5, h6")]
+    page["headings"] = headings
+    page["type"] = latest.get("type")
+    if want is None:
+        raise AssertionError(f"artifact '{artifact_key}' has no markdown heading to look for "
+                             f"(type {latest.get('type')}) and no artifact_text was given; on {driver.current_url}")
+    try:
+        WebDriverWait(driver, SETTLE_S, 0.2).until(lambda d: want in headings or want in visible_text(rendered))
+    except TimeoutException:
+        raise AssertionError(f"artifact '{artifact_key}': '{want}' is not rendered (headings {headings}) "
+                             f"on {driver.current_url}") from None
+    page["text_found"] = want
+    page["rendered_as_heading"] = want in headings
+    if artifact_text is None and not page["rendered_as_heading"]:
+        raise AssertionError(f"artifact '{artifact_key}': markdown heading '{want}' is not rendered as a heading "
+                             f"(headings {headings}) on {driver.current_url}")
+    run_links = _prefect_wait(driver, timeout_s, "the artifact's flow run link",
+                              lambda d: find_css(d, "a[href*='/runs/flow-run/']"))
+    page["flow_runs_named"] = sorted({visible_text(a) for a in run_links if visible_text(a)})
+    if flow_run_name not in page["flow_runs_named"]:
+        raise AssertionError(f"artifact '{artifact_key}' names flow run(s) {page['flow_runs_named']}, not "
+                             f"'{flow_run_name}', on {driver.current_url}")
+
+
 def check_prefect_ui(driver: WebDriver, base_url: str, *, flow_run_id: str, flow_run_name: str, artifact_key: str,
                      screens: Path, timeout_s: float = 60, artifact_text: str | None = None) -> dict:
     """Check the pipeline's flow run and report artifact in the Prefect UI at ``base_url``
@@ -86,74 +163,18 @@ def check_prefect_ui(driver: WebDriver, base_url: str, *, flow_run_id: str, flow
     found: dict[str, Any] = {}
 
     with checked_page(driver, screens, "prefect-flow-run.png", found) as page:
-        url = f"{base}/runs/flow-run/{flow_run_id}"
-        driver.get(url)
-        heading = ".page-heading .p-bread-crumbs__crumb"
-        try:  # the heading is "Runs / <flow run name>"
-            _prefect_wait(driver, timeout_s, "the flow run page's heading", lambda d: len(find_css(d, heading)) >= 2)
-        except AssertionError as e:
-            known = api_json(f"{base}/api/flow_runs/{flow_run_id}")
-            raise AssertionError(f"{e} ({'the API knows this flow run as ' + repr(known.get('name')) if known else 'the API has no flow run ' + flow_run_id})") from None
-        names = settle(driver, lambda d: (n := [visible_text(c) for c in find_css(d, heading)]) and flow_run_name in n and n)
-        page["heading"] = names or [visible_text(c) for c in find_css(driver, heading)]
-        if not names:
-            raise AssertionError(f"flow run page heading shows {page['heading']}, not the name '{flow_run_name}' on {url}")
-        badge = _prefect_wait(driver, timeout_s, "the flow run's state badge", lambda d: find_css(d, ".page-heading .state-badge"))
-        state = settle(driver, lambda d: visible_text(find_css(d, ".page-heading .state-badge")[0]) == "Completed" and "Completed")
-        page["state_shown"] = state or visible_text(badge[0])
-        if page["state_shown"] != "Completed":
-            raise AssertionError(f"flow run '{flow_run_name}' shows state '{page['state_shown']}', not 'Completed' on {url}")
+        _check_flow_run_page(driver, base, page, flow_run_id=flow_run_id, flow_run_name=flow_run_name,
+                             timeout_s=timeout_s)
 
     # the latest artifact of the key (its id: the key page links it); /api/artifacts/{key}/latest
     # answers with the collection's id instead, so ask the collections filter for latest_id
     latest = next(iter(api_json(f"{base}/api/artifacts/latest/filter", method="POST",
                                  body={"artifacts": {"key": {"any_": [artifact_key]}}, "limit": 1}) or []), None)
     with checked_page(driver, screens, "prefect-artifact-key.png", found) as page:
-        url = f"{base}/artifacts/key/{urllib.parse.quote(artifact_key, safe='')}"
-        driver.get(url)
-        heading = ".page-heading .p-bread-crumbs__crumb"
-        if latest is None:  # the UI renders an empty page for an unknown key: wait for its menu, then report
-            _prefect_wait(driver, timeout_s, "the Prefect UI", lambda d: d.find_elements(By.XPATH, "//*[normalize-space(text())='Artifacts' or normalize-space(text())='Dashboard']"))
-            settle(driver, lambda d: find_css(d, heading))
-            keys = sorted({c.get("key") for c in api_json(f"{base}/api/artifacts/latest/filter", method="POST",
-                                                           body={"limit": 50}) or [] if c.get("key")})
-            raise AssertionError(f"no artifact with key '{artifact_key}': the page shows "
-                                 f"{[visible_text(c) for c in find_css(driver, heading)] or 'no artifact'} (keys on the server: {keys}) on {url}")
-        _prefect_wait(driver, timeout_s, f"artifact key '{artifact_key}' in the page heading",
-                      lambda d: [c for c in find_css(d, heading) if visible_text(c) == artifact_key])
-        link = _prefect_wait(driver, timeout_s, f"the latest '{artifact_key}' artifact in the timeline",
-                             lambda d: find_css(d, f"a[href*='/artifacts/artifact/{latest['latest_id']}']"))[0]
-        page["description"] = latest.get("description")
-        page["artifact_id"] = latest["latest_id"]
-        page["url"] = driver.current_url
+        link = _check_artifact_key_page(driver, base, page, latest, artifact_key=artifact_key, timeout_s=timeout_s)
     click(driver, link)
     with checked_page(driver, screens, "prefect-artifact.png", found) as page:
-        rendered = _prefect_wait(driver, timeout_s, f"the rendered markdown of artifact '{artifact_key}'",
-                                 lambda d: find_css(d, ".artifact-data-view .markdown-renderer"))[0]
-        markdown = latest.get("data") or ""
-        heading = next((m.group(1).strip() for m in re.finditer(r"(?m)^#{1,6}\s+(.+?)\s*#*\s*$", markdown)), None)
-        want = artifact_text or heading
-        headings = [visible_text(h) for h in find_css(rendered, "h1, h2, h3, h4, h5, h6")]
-        page["headings"] = headings
-        page["type"] = latest.get("type")
-        if want is None:
-            raise AssertionError(f"artifact '{artifact_key}' has no markdown heading to look for "
-                                 f"(type {latest.get('type')}) and no artifact_text was given; on {driver.current_url}")
-        try:
-            WebDriverWait(driver, SETTLE_S, 0.2).until(lambda d: want in headings or want in visible_text(rendered))
-        except TimeoutException:
-            raise AssertionError(f"artifact '{artifact_key}': '{want}' is not rendered (headings {headings}) "
-                                 f"on {driver.current_url}") from None
-        page["text_found"] = want
-        page["rendered_as_heading"] = want in headings
-        if artifact_text is None and not page["rendered_as_heading"]:
-            raise AssertionError(f"artifact '{artifact_key}': markdown heading '{want}' is not rendered as a heading "
-                                 f"(headings {headings}) on {driver.current_url}")
-        run_links = _prefect_wait(driver, timeout_s, "the artifact's flow run link",
-                                  lambda d: find_css(d, "a[href*='/runs/flow-run/']"))
-        page["flow_runs_named"] = sorted({visible_text(a) for a in run_links if visible_text(a)})
-        if flow_run_name not in page["flow_runs_named"]:
-            raise AssertionError(f"artifact '{artifact_key}' names flow run(s) {page['flow_runs_named']}, not "
-                                 f"'{flow_run_name}', on {driver.current_url}")
+        _check_artifact_page(driver, page, latest, artifact_key=artifact_key, flow_run_name=flow_run_name,
+                             timeout_s=timeout_s, artifact_text=artifact_text)
     found["seconds"] = round(time.monotonic() - t0, 1)
     return found
