@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -127,9 +127,19 @@ def _check_artifact_page(driver: WebDriver, page: dict, latest: dict, *, artifac
     if artifact_text is None and not page["rendered_as_heading"]:
         raise AssertionError(f"artifact '{artifact_key}': markdown heading '{want}' is not rendered as a heading "
                              f"(headings {headings}) on {driver.current_url}")
-    run_links = _prefect_wait(driver, timeout_s, "the artifact's flow run link",
-                              lambda d: find_css(d, "a[href*='/runs/flow-run/']"))
-    page["flow_runs_named"] = sorted({visible_text(a) for a in run_links if visible_text(a)})
+    _prefect_wait(driver, timeout_s, "the artifact's flow run link", lambda d: find_css(d, "a[href*='/runs/flow-run/']"))
+
+    def named(d: WebDriver) -> list[str]:
+        return sorted({visible_text(a) for a in find_css(d, "a[href*='/runs/flow-run/']") if visible_text(a)})
+
+    # the link renders first and its name when the UI's own flow-run request answers (seen empty in CI: a
+    # lone icon on the screenshot), so wait for the name, not only for the link
+    try:
+        WebDriverWait(driver, timeout_s, 0.2, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: flow_run_name in named(d))
+    except TimeoutException:
+        pass
+    page["flow_runs_named"] = named(driver)
     if flow_run_name not in page["flow_runs_named"]:
         raise AssertionError(f"artifact '{artifact_key}' names flow run(s) {page['flow_runs_named']}, not "
                              f"'{flow_run_name}', on {driver.current_url}")
