@@ -52,12 +52,12 @@ __all__ = ["Tracker", "MlflowRecorder"]
 log = logging.getLogger("aiayn.tracking")
 
 
-
 def mlflow_command() -> str:
     """The ``mlflow`` executable of this interpreter's environment (its full path, e.g. ``.venv/bin/mlflow``),
     or plain ``mlflow`` when there is none beside it."""
     here = Path(sys.executable).parent / "mlflow"
     return str(here) if here.is_file() else "mlflow"
+
 
 class MlflowRecorder:
     """The ``aiayn.recording.Recorder`` that records into MLflow: ``start(record)`` opens a ``Tracker``.

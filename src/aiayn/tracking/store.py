@@ -9,8 +9,8 @@ store is refused by MLflow 3.17 unless ``MLFLOW_ALLOW_FILE_STORE=true``; we neve
 
 An ``http(s)`` store is probed first (``<uri>/health``): a refused connection or an unknown host is
 unreachable at once; a server that accepts but is slow to answer (a loaded host) gets 2, 5, then 10 s
-before it counts as unreachable (~17 s at most), so a busy server does not turn tracking off. Unless already set MLflow's
-HTTP client gets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=2`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT=30``
+before it counts as unreachable (~17 s at most), so a busy server does not turn tracking off. Unless
+already set, MLflow's HTTP client gets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=2`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT=30``
 (MLflow's own defaults, 7 retries and 120 s, would stall training for minutes on an outage).
 
 ``AIAYN_TRACKING=0`` (``aiayn.settings``) turns tracking off.
