@@ -213,6 +213,58 @@ def test_the_validated_choice_keeps_the_better_model_when_averaging_hurts(task, 
     assert rec["replaced"] and rec["steps"] == [best_step] and rec["planned"]["steps"] == [15, 30, 45, 60]
 
 
+class _Metrics:
+    """A tracker that keeps what ``log_metrics`` got: ``{step: metrics}``."""
+
+    def __init__(self):
+        self.logged: dict[int, dict[str, float]] = {}
+
+    def log_metrics(self, metrics, step):
+        self.logged.setdefault(step, {}).update(metrics)
+
+
+@pytest.mark.parametrize("method", ["last", "average_last"])
+def test_the_validation_curve_ends_at_the_last_step(task, tmp_path, method):
+    """Validated every 4 steps, a run of 10 showed its validation curve (``plots/validation.tsv``, the tracker's
+    ``valid_*``) up to step 8 only: the main job's stopped at 1500 of 1900. The final state's validation is now
+    the curve's last point, with the same metrics (BLEU too). When the chosen model is that state, its own
+    validation is reused (checked: a marker value comes through); otherwise the last checkpoint is validated."""
+    from types import SimpleNamespace
+
+    from aiayn.model import Transformer
+    from aiayn.stages import Layout
+    from aiayn.stages.train import _validate_final_state, _write_plots
+
+    _, model_cfg, tr, va, _, _ = task
+    layout = Layout(tmp_path)
+    c = cfg(max_steps=10, validate_every=4, checkpoint_every=5, keep_checkpoints=2, average_last=2,
+            select={"method": method, "metric": "valid_loss", "guard": "warn"})
+    bleu = scorer(task)
+    result = train(model_cfg, c, tr, va, layout.checkpoints, valid_scorer=bleu)
+    assert sorted(result.valid) == [4, 8]
+    sel = select_weights(layout.checkpoints, c, evaluator(model_cfg, va))
+    own = Transformer(model_cfg)
+    own.load_state_dict(load_checkpoint(list_checkpoints(layout.checkpoints)[-1]).model)
+    expected = validation_loss(own, va, max_tokens=c.max_tokens, label_smoothing=c.label_smoothing) | bleu(own)
+    chosen_marker = {k: v + 1000.0 for k, v in expected.items()}  # what the stage measured on the chosen model
+    valid, tracker = dict(result.valid), _Metrics()
+    _validate_final_state(valid, result, sel, chosen_marker, SimpleNamespace(train=c), layout, va, bleu, tracker)
+    assert sorted(valid) == [4, 8, 10]
+    assert set(valid[10]) == set(valid[8]) == {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu", "valid_chrf"}
+    if method == "last":
+        assert sel.steps == [10] and valid[10] == chosen_marker  # no second validation
+    else:
+        assert sel.kind == "average" and valid[10] == pytest.approx(expected, rel=1e-6)
+        assert all(torch.equal(result.model.state_dict()[k], sel.weights[k]) for k in sel.weights)  # restored
+    assert tracker.logged == {10: valid[10]}
+    _write_plots(layout, result, valid, SimpleNamespace(train=c, model=model_cfg))
+    rows = (layout.plots / "validation.tsv").read_text().splitlines()
+    assert [r.split("\t")[0] for r in rows] == ["step", "4", "8", "10"]
+    again = dict(valid)
+    _validate_final_state(again, result, sel, {}, SimpleNamespace(train=c), layout, va, bleu, _Metrics())
+    assert again == valid  # a validated last step is left alone
+
+
 def test_average_never_reaches_into_the_warmup(task, tmp_path):
     _, model_cfg, tr, va, _, _ = task
     c = cfg(max_steps=20, checkpoint_every=5, keep_checkpoints=4, average_last=4, warmup_steps=12)

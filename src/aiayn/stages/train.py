@@ -23,12 +23,11 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from aiayn.checkpoint import list_checkpoints, save_model
+from aiayn.checkpoint import list_checkpoints, load_checkpoint, save_model
 from aiayn.config import Params, TrainConfig
 from aiayn.exitcodes import CUT_PREFIX
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
@@ -174,6 +173,31 @@ def _evaluator(model: torch.nn.Module, params: Params, valid_split: Any, scorer:
     return evaluate
 
 
+def _validate_final_state(valid: dict[int, dict[str, float]], result: TrainResult, selection: Selection,
+                          final: dict[str, float], params: Params, layout: Layout, valid_split: Any, scorer: Any,
+                          tracker: StageRun) -> None:
+    """End the validation curve at the last step: training validates on the ``validate_every`` grid (and at epoch
+    ends), so a run of 1900 steps validated every 500 showed nothing after step 1500. Adds the final state's
+    validation (the same metrics as during training) to ``valid`` and the tracker's curves at ``result.step``:
+    the chosen model's own when it is that state (no extra cost), else one more validation of the last
+    checkpoint. Nothing when that step was validated already or the run has no validation split."""
+    if result.step in valid or valid_split is None:
+        return
+    if selection.kind == "single" and selection.steps == [result.step]:
+        metrics = dict(final)
+    else:
+        model = result.model
+        model.load_state_dict(load_checkpoint(list_checkpoints(layout.checkpoints)[-1]).model)
+        metrics = validation_loss(model, valid_split, max_tokens=params.train.max_tokens,
+                                  label_smoothing=params.train.label_smoothing)
+        if scorer is not None:
+            metrics |= scorer(model)
+        model.load_state_dict(selection.weights)
+    log.info("step %d (final state): %s", result.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    valid[result.step] = metrics
+    tracker.log_metrics(metrics, step=result.step)
+
+
 def _write_plots(layout: Layout, result: TrainResult, valid: dict[int, dict[str, float]], params: Params) -> None:
     """``plots/train_loss.tsv`` (step, loss, lr per step) and ``plots/validation.tsv`` (step and every validation
     metric): the curves ``dvc plots show`` draws; deterministic bytes (no wall-clock columns)."""
@@ -256,6 +280,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
                                 label_smoothing=cfg.label_smoothing)
         if scorer is not None:
             final |= scorer(model)
+        _validate_final_state(valid, result, selection, final, params, layout, inputs.valid_split, scorer, tracker)
         early_reason = _early_reason(early) if result.stopped_by == "early_stop" else None
         budget = budget_line(result.stopped_by, result.step, cfg, early_reason)
         (log.warning if result.stopped_by in CUT_REASONS else log.info)("train: %s", budget)

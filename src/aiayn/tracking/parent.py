@@ -171,8 +171,8 @@ def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
 
 
 #: (metric, label) of the validation lines: ``averaged_valid_*`` (a name kept since issue 2) is the chosen
-#: model's, an average or a single checkpoint; ``valid_*`` the last validation during training (its step
-#: is on the ``validate_every`` grid, so it may be before the last step).
+#: model's, an average or a single checkpoint; ``valid_*`` the curve's last point: the final state's (the train
+#: stage validates the last step too, off the ``validate_every`` grid).
 _VALIDATION_LINES = (
     ("Validation of the chosen model", (("averaged_valid_loss", "loss"), ("averaged_valid_bleu", "BLEU"))),
     ("Last validation during training", (("valid_loss", "loss"), ("valid_bleu", "BLEU"))),
