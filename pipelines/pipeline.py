@@ -54,7 +54,7 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Failed, State  # noqa: E402
 
 from aiayn.checks import load_checked  # noqa: E402
-from aiayn.exitcodes import EXIT_TRAINING_CUT, training_was_cut  # noqa: E402
+from aiayn.exitcodes import EXIT_TRAINING_CUT, cut_warning_markdown, training_was_cut  # noqa: E402
 from aiayn.host import host_info, matmul_gflops  # noqa: E402
 from aiayn.lineage import dvc_data_hashes  # noqa: E402
 from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
@@ -236,7 +236,7 @@ def render_report(
     matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host).
     """
     budget = (training or {}).get("budget")
-    lines = [f"> **WARNING: training {budget}**", ""] if training_was_cut(budget) else []
+    lines = cut_warning_markdown(budget)
     lines += [f"# {title}", ""]
     if budget:
         lines += [f"Training: {budget}" + (f"; model: {_selection_text(training)}" if training.get("selection") else ""),

@@ -7,7 +7,8 @@ number so that callers (DVC, Prefect, CI scripts) read it alike.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT", "CUT_PREFIX", "training_was_cut"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT", "CUT_PREFIX", "training_was_cut",
+           "cut_warning_markdown"]
 
 #: Exit status after SIGINT / Ctrl-C or SIGTERM was handled (128 + SIGINT = 130), as shells report Ctrl-C.
 EXIT_INTERRUPTED = 130
@@ -27,3 +28,10 @@ def training_was_cut(budget: str | None) -> bool:
     signal: what the model card's first line, the registry's alias, the flow's final state and the exit
     status (``EXIT_TRAINING_CUT``) all go by."""
     return str(budget or "").startswith(CUT_PREFIX)
+
+
+def cut_warning_markdown(budget: str | None) -> list[str]:
+    """The Markdown lines a document about a run opens with when its training was cut (``training_was_cut``):
+    ``> **WARNING: training <budget>**`` and a blank line; none otherwise. The model card
+    (``aiayn.export.render_card``) and the pipeline's closing report both open this way."""
+    return [f"> **WARNING: training {budget}**", ""] if training_was_cut(budget) else []

@@ -25,7 +25,7 @@ import numpy as np
 
 from aiayn.bundle import BUNDLE_FORMAT, CT2_FILES, EAGER, BundleError, ServingBundle
 from aiayn.decoders import DecodeOptions
-from aiayn.exitcodes import training_was_cut
+from aiayn.exitcodes import cut_warning_markdown
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 from aiayn.translate import Translator
 
@@ -110,7 +110,7 @@ def render_card(card: dict[str, Any]) -> str:
     by the clock or a signal (``card["training"]["budget"]``)."""
     training = card.get("training") or {}
     budget = training.get("budget")
-    lines = [f"> **WARNING: training {budget}**", ""] if training_was_cut(budget) else []
+    lines = cut_warning_markdown(budget)
     lines += [f"# {card['name']} — {card['variant']}", "",
               f"{card['description']}", ""]
     if budget:
