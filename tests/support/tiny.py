@@ -16,6 +16,7 @@ from aiayn.model import Transformer
 from aiayn.stages import Layout
 from aiayn.tokenizer import Tokenizer, train_tokenizer
 from aiayn.translate import Translator
+from support.services import free_port  # noqa: F401 (tests call tiny.free_port())
 
 WORDS = "a man woman dog cat runs jumps in the park street red blue big small two three children play with ball".split()
 GERMAN = dict(zip(WORDS, "ein Mann Frau Hund Katze rennt springt im der Park Strasse rot blau gross klein zwei drei Kinder spielen mit Ball".split()))
@@ -88,10 +89,3 @@ def serving_bundle(root: Path, decode: DecodeOptions) -> Path:
     return ct2_bundle(root, project(root / "proj", tok), tok, decode)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
