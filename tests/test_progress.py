@@ -95,3 +95,18 @@ def test_advance_counts_from_entering_the_block_and_the_log_line_carries_the_eta
                          "evaluate sentence 20/40 test_2016_flickr ETA 0:10"]
     assert lines[-1] == "evaluate sentence 40/40 test_2016_flickr ETA 0:00"
     assert len(lines) == 4
+
+
+def test_without_eta_the_line_carries_the_elapsed_time(clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """The quantize stage's phases take 0 s (a variant this host cannot build) to ~70 s (throughput): a rate over
+    phases read 'ETA 0:08' with 72 s left. ``eta=False`` shows the time elapsed instead, on both displays."""
+    with caplog.at_level(logging.INFO, logger="aiayn"), \
+            Progress("quantize", 3, terminal=False, unit="phase", eta=False) as bar:
+        bar.advance(1, "ct2-int16: skipped")
+        clock.now += 70.0
+        bar.advance(1, "throughput")
+    assert [r.getMessage() for r in caplog.records] == ["quantize phase 1/3 ct2-int16: skipped elapsed 0:00",
+                                                        "quantize phase 2/3 throughput elapsed 1:10"]
+    shown = Progress("quantize", 3, terminal=True, eta=False)
+    assert not any("Remaining" in type(c).__name__ for c in shown.bar.columns)
+    assert any("Remaining" in type(c).__name__ for c in Progress("train", 3, terminal=True).bar.columns)

@@ -55,12 +55,14 @@ class Progress:
         terminal: force the rich bar (True) or log lines (False); default: ``sys.stderr.isatty()``.
         unit: the unit's name in log lines ("step": ``train step 25/2600 ...``).
         window_s: the ETA's rate is measured over the updates of the last this many seconds (> 0).
+        eta: show the ETA (default) or, for units of very unequal cost, the elapsed time instead: a rate over
+            units that take from 0 to 70 s each (the quantize stage's phases) predicts nothing.
     """
 
     def __init__(self, label: str, total: int, *, every: int = 1, terminal: bool | None = None,
-                 unit: str = "", window_s: float = 600.0) -> None:
+                 unit: str = "", window_s: float = 600.0, eta: bool = True) -> None:
         self.label, self.total, self.every = label, max(int(total), 1), max(int(every), 1)
-        self.unit, self.window_s = unit, float(window_s)
+        self.unit, self.window_s, self.show_eta = unit, float(window_s), eta
         self.done, self.info = 0, ""
         self._samples: deque[tuple[float, int]] = deque()  # (perf_counter seconds, units done), oldest first
         self._entered: float | None = None
@@ -70,9 +72,9 @@ class Progress:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
 
+            remaining = (TextColumn("ETA"), TimeRemainingColumn()) if eta else ()
             self.bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                    TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                                    transient=False)
+                                    *remaining, TextColumn("{task.fields[info]}"), transient=False)
             self.task = self.bar.add_task(label, total=self.total, info="")
 
     def __enter__(self) -> "Progress":
@@ -119,5 +121,9 @@ class Progress:
 
     def _log(self) -> None:
         self._last_logged = self.done
-        log.info("%s %s%d/%d %s ETA %s", self.label, f"{self.unit} " if self.unit else "", self.done, self.total,
-                 self.info, format_seconds(self.eta()))
+        if self.show_eta:
+            when = f"ETA {format_seconds(self.eta())}"
+        else:
+            when = f"elapsed {format_seconds(time.perf_counter() - self._entered if self._entered else None)}"
+        log.info("%s %s%d/%d %s %s", self.label, f"{self.unit} " if self.unit else "", self.done, self.total,
+                 self.info, when)

@@ -131,7 +131,9 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     _eager_reference(st)
     wanted = _wanted(q.variants)
     phases = len(wanted) + 3 + int(q.layer_attribution) + int(q.throughput)  # variants, parity, outliers, ..., serving
-    with recorder.start(RECORD) as tracker, Progress("quantize", phases, unit="phase") as bar:
+    # no ETA: the phases take from 0 s (a variant this host cannot run) to ~70 s (throughput), so a rate over
+    # phases predicted 0:08 with 72 s left; the bar shows phase k of n and the time elapsed
+    with recorder.start(RECORD) as tracker, Progress("quantize", phases, unit="phase", eta=False) as bar:
         tracker.log_params({f"quantize.{k}": v for k, v in q.model_dump(mode="json").items()})
         with atomic_dir(layout.quantized) as out:
             for name in wanted:
