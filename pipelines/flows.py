@@ -228,7 +228,7 @@ def tokenize(params_path: str = "params.yaml", root: str = ".") -> dict:
 
 @flow(name="train", log_prints=True)
 def train(params_path: str = "params.yaml", root: str = ".") -> dict:
-    """Train the Transformer and write the averaged model into ``artifacts/model``."""
+    """Train the Transformer and write the model ``train.select`` chose (validated) into ``artifacts/model``."""
     return _run("train", params_path, root)
 
 

@@ -40,7 +40,7 @@ def _stage_command(name: str, doc: str) -> None:
 _stage_command("corpus", "Snapshot the configured corpus source (data.corpus) for the pair into artifacts/corpus, checksummed.")
 _stage_command("prepare", "Validate, normalise (NFC) and filter the raw corpus into artifacts/prepared.")
 _stage_command("tokenize", "Train the joint sentencepiece model and encode every split into artifacts/tokenized.")
-_stage_command("train", "Train (or resume) the Transformer; write the averaged model bundle to artifacts/model.")
+_stage_command("train", "Train (or resume) the Transformer; write the chosen (train.select, validated) model bundle to artifacts/model.")
 _stage_command("evaluate", "Translate the test sets with beam search and score them with sacreBLEU.")
 _stage_command("quantize", "Build CTranslate2/torchao quantized variants, evaluate each, gate on BLEU (artifacts/quantized).")
 _stage_command("export", "Build the serving bundle (artifacts/export) and register it in the MLflow Model Registry.")

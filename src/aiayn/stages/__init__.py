@@ -74,7 +74,7 @@ class Layout:
 
     @property
     def train_metrics(self) -> Path:
-        """Validation metrics of the averaged model (DVC ``metrics``, outside the ``model`` out)."""
+        """Validation metrics of the chosen model (``train.select``; DVC ``metrics``, outside the ``model`` out)."""
         return self.root / "artifacts" / "train_metrics.json"
 
     @property
