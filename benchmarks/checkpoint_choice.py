@@ -1,0 +1,110 @@
+"""Which weights to ship, measured on the test sets: every ``train.select`` method on one finished run's checkpoints.
+
+The train stage ships one choice (``train.select``) and validates it; this asks what the others would
+have scored on the test sets, e.g. whether averaging the last epoch checkpoints (Wu et al. 2021's
+``average_checkpoints.py --num-epoch-checkpoints 10``; the paper's Section 6.1 averages the last 5
+or 20) helps or hurts against the final or the best single checkpoint. For each method it runs
+``aiayn.train.select_weights`` as the train stage does (same checkpoints on disk, candidates scored on
+the validation split with ``select.metric``) but with ``guard: warn``, so each method's own choice is
+measured, then decodes every test split with the ``evaluate`` parameters (beam, length rules) and scores
+it with sacreBLEU and, when ``evaluate.moses_bleu``, fairseq's lowercased-tokenized convention
+(``aiayn.moses_bleu``). Run it in the project that trained (its ``artifacts/checkpoints``,
+``artifacts/tokenized``, ``artifacts/prepared`` and ``artifacts/model``):
+
+    python benchmarks/checkpoint_choice.py --root . --params configs/multi30k_wu2021.yaml \\
+        [--methods last,average_last,best,average_best] [--splits test_2016_flickr] [--threads 2]
+
+Prints a Markdown table (one row per method) and the host line (2-thread fp32 matmul GFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def _test_scores(root: Path, params, weights: dict[str, torch.Tensor], splits: list[str]) -> dict[str, dict]:
+    """Decode ``splits`` with ``weights`` in the trained model's folder, as the evaluate stage does."""
+    from aiayn.checkpoint import save_model
+    from aiayn.corpus import read_lines
+    from aiayn.decoders import DecodeOptions
+    from aiayn.moses_bleu import score_moses, tok_reference
+    from aiayn.scoring import bleu_tokenizer, score
+    from aiayn.stages import Layout
+    from aiayn.translate import Translator
+
+    layout, d, e = Layout(root), params.data, params.evaluate
+    options = DecodeOptions.from_eval(e)
+    out: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "weights.safetensors"
+        save_model(path, weights)  # tied embeddings stored once, as the train stage writes model.safetensors
+        translator = Translator.from_dir(layout.model, weights=path, device="cpu")
+        for split in splits:
+            sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")
+            references = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
+            t0 = time.perf_counter()
+            prepared = translator.prepare(sources, options, long=e.long_policy)
+            hyps = [line for chunk in translator.translate_prepared(prepared, options) for line in chunk]
+            result = score(hyps, references, tokenize=bleu_tokenizer(d.tgt_lang, e.bleu_tokenize))
+            if e.moses_bleu:
+                ref = tok_reference(layout.raw, split, d.tgt_lang)
+                tokenized = ref.read_text(encoding="utf-8").splitlines() if ref.exists() else None
+                result |= score_moses(hyps, references, d.tgt_lang, tokenized_references=tokenized)
+            out[split] = result | {"seconds": time.perf_counter() - t0}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=Path("."))
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--methods", default="last,average_last,best,average_best")
+    ap.add_argument("--splits", default=None, help="comma-separated (default: data.test_splits)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from aiayn.config import load_params
+    from aiayn.host import host_info
+    from aiayn.model import Transformer
+    from aiayn.stages import Layout
+    from aiayn.stages.train import _evaluator  # the stage's own: candidates are scored exactly as in training
+    from aiayn.stages.train_job import bleu_validator, load_train_inputs
+    from aiayn.train import select_weights
+
+    root = args.root.resolve()
+    params = load_params(args.params if args.params.is_absolute() else root / args.params)
+    layout = Layout(root)
+    splits = args.splits.split(",") if args.splits else list(params.data.test_splits)
+    inputs = load_train_inputs(params, layout)
+    model = Transformer(inputs.model_cfg).eval()
+    scorer = bleu_validator(params, layout, inputs) if params.train.select.metric == "valid_bleu" else None
+    evaluate = _evaluator(model, params, inputs.valid_split, scorer)
+    metric = params.train.select.metric
+    moses = params.evaluate.moses_bleu
+    head = "| method | checkpoints (steps) | " + f"{metric} | " + " | ".join(
+        f"{s} BLEU" + (" / lc-tok" if moses else "") for s in splits) + " |"
+    rows = [head, "|" + "---|" * (3 + len(splits))]
+    for method in args.methods.split(","):
+        select = params.train.select.model_copy(update={"method": method, "guard": "warn"})
+        cfg = params.train.model_copy(update={"select": select})
+        sel = select_weights(layout.checkpoints, cfg, evaluate)
+        scores = _test_scores(root, params, sel.weights, splits)
+        steps = f"{len(sel.steps)}: {sel.steps[0]}" + (f"-{sel.steps[-1]}" if len(sel.steps) > 1 else "")
+        cells = [f"{scores[s]['bleu']:.2f}" + (f" / {scores[s]['bleu_moses_lc_tok']:.2f}" if moses else "")
+                 for s in splits]
+        rows.append(f"| {method} | {steps} | {sel.value:.4f} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    print()
+    print("\n".join(rows))
+    print(f"\nbeam {params.evaluate.beam_size}, len_penalty {params.evaluate.len_penalty} "
+          f"({params.evaluate.length_norm}); {metric} on {params.data.valid_split}; {host_info().line()}")
+
+
+if __name__ == "__main__":
+    main()
