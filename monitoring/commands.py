@@ -28,7 +28,7 @@ def monitor(
     input_path: Annotated[Optional[Path], typer.Option("--input", "-i", help="Text file, one sentence per line (default: the latest window of the serving log).")] = None,
     params: ParamsOpt = Path("params.yaml"),
     root: RootOpt = Path("."),
-    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: artifacts/drift/<UTC time>).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: `artifacts/drift/<UTC time>`).")] = None,
     track: Annotated[bool, typer.Option(help="Log the check to MLflow.")] = True,
     log_url: Annotated[Optional[str], typer.Option(help="Read the window from this PostgreSQL request log (the one `aiayn serve --log-url` replicas share; default env AIAYN_REQUEST_LOG_URL, else monitor.log_path).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole JSON summary instead of one line per test.")] = False,

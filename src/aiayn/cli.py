@@ -21,7 +21,7 @@ from aiayn.commands import COMMANDS_GROUP, ParamsOpt, RootOpt, setup_logging, st
 from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode="markdown")
 
 
 def main() -> None:
@@ -188,7 +188,7 @@ def translate(
     max_len_a: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 1.0, or the bundle's]")] = None,
     max_len_b: Annotated[Optional[int], typer.Option(min=1, help="[default: 50, or the bundle's]")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(min=16, help="Source tokens per batch. [default: 4000, or the bundle's]")] = None,
-    nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each line (at most --beam-size), each as 'LINE<TAB>translation' (LINE: 0-based input line).")] = 1,
+    nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each line (at most --beam-size), each as `LINE<TAB>translation` (LINE: 0-based input line).")] = 1,
     scores: Annotated[bool, typer.Option("--scores", help="Put each translation's score (length-normalised log-probability) and a tab before it.")] = False,
     interactive: Annotated[bool, typer.Option("--interactive", help="Translate each line as soon as it is read (the default when standard input is a terminal).")] = False,
     long: Annotated[Literal["error", "truncate", "split"], typer.Option(
