@@ -1,5 +1,6 @@
-# aiayn: `make run` = the main job (Multi30k En->De, fetch -> prepare -> tokenize -> train -> evaluate);
-#        `make test` = the test suite (what CI runs). Both create the venv first if needed.
+# aiayn: `make run` = the main job (Multi30k En->De: fetch -> corpus -> prepare -> tokenize -> train -> evaluate
+#        -> quantize -> export -> monitor_reference); `make test` = the test suite (what CI runs). Both create
+#        the venv first if needed. `make help` lists every target with its `##` comment.
 SHELL := /bin/bash
 VENV ?= .venv
 PYTHON ?= python3.11
@@ -17,7 +18,7 @@ TEST_WORKERS ?= 2
 ## which --no-deps would leave without its CUDA libraries ("libcudnn.so.9: cannot open shared object").
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install system-deps run test test-fast test-services ui clean
+.PHONY: help install system-deps run test test-fast test-services ui clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -29,12 +30,13 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PY) -c "import torch, ctranslate2, aiayn" || { echo "the installed packages do not import (see above)"; exit 1; }
 	touch $@
 
+## Create .venv from requirements.lock (PyTorch's CPU build from TORCH_INDEX) and check that it imports.
 install: $(VENV)/.installed
 
+SYSTEM_PACKAGES := postgresql chromium chromium-driver
 ## Programs the `services` tests start (Debian packages): PostgreSQL, and Chromium + ChromeDriver for
 ## the browser test. Installed with apt-get when missing and we are root (CI, containers); otherwise the
 ## tests that need them are skipped with a message (`sudo make system-deps` installs them).
-SYSTEM_PACKAGES := postgresql chromium chromium-driver
 system-deps:
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
@@ -50,7 +52,7 @@ system-deps:
 	fi
 
 ## The main job: the Prefect `pipeline` flow = fetch the corpus (download, or copy from
-## $$AIAYN_DATA_MIRROR) -> `dvc repro` (DVC decides what is stale) -> `dvc push` -> report (printed last:
+## AIAYN_DATA_MIRROR) -> `dvc repro` (DVC decides what is stale) -> `dvc push` -> report (printed last:
 ## BLEU/chrF per test set, sacreBLEU signatures, MLflow run, data version; every metric: `dvc metrics show`).
 ## PARAMS=configs/wmt14_base.yaml: that config is copied over params.yaml first (`git diff` shows it).
 run: install
@@ -66,6 +68,7 @@ test: install system-deps
 test-fast: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+## The services tier alone (a real Prefect server, PostgreSQL, the MLflow UI in Chromium).
 test-services: install system-deps
 	$(PY) -m pytest -m services $(PYTEST_ARGS)
 
@@ -73,5 +76,10 @@ test-services: install system-deps
 ui: install
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000 --workers 1
 
+## Remove the pipeline's outputs (artifacts/) and its run state (.aiayn/); the MLflow store and DVC cache stay.
 clean:
 	rm -rf artifacts .aiayn
+
+## This list: every target and its comment.
+help:
+	@awk '/^## /{c = c "    " substr($$0, 4) "\n"; next} /^[a-z-]+:/{split($$0, t, ":"); printf "make %s\n%s", t[1], c} {c = ""}' $(firstword $(MAKEFILE_LIST))
