@@ -100,7 +100,7 @@ def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress:
     The launcher keeps the MLflow run: it forwards rank 0's metrics (``metrics.jsonl``) to
     ``tracker`` while the job runs, and passes SIGTERM/SIGINT on to torchrun, which passes
     it to every rank (they agree on the step, rank 0 checkpoints). Returns the rank-0
-    result with a fresh model on CPU (the caller loads the averaged weights into it).
+    result with a fresh model on CPU (the caller loads the chosen weights into it).
     Raises ``RuntimeError`` when torchrun fails (the ranks' errors are on stderr).
     """
     from aiayn.distributed import torchrun_command
@@ -156,19 +156,25 @@ def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress:
     return result_from_job(summary, Transformer(params.model))
 
 
+def _validation_metrics(model: torch.nn.Module, cfg: TrainConfig, valid_split: Any, scorer: Any,
+                        bleu: bool = True) -> dict[str, float]:
+    """``model``'s validation metrics as training logs them: ``valid_loss``/``valid_nll``/``valid_ppl``
+    (``aiayn.train.validation_loss``), and ``valid_bleu``/``valid_chrf`` from ``scorer`` (the same sample and
+    decoding as during training) when ``bleu`` and the run validates BLEU (``scorer`` not None)."""
+    metrics = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)
+    if bleu and scorer is not None:
+        metrics |= scorer(model)
+    return metrics
 
 
 def _evaluator(model: torch.nn.Module, params: Params, valid_split: Any, scorer: Any):
     """``weights -> validation metrics`` for ``select_weights``: loss always, BLEU/chrF when the selection
-    metric needs them (the same sample and decoding as during training)."""
+    metric needs them."""
     cfg = params.train
 
     def evaluate(weights: dict[str, torch.Tensor]) -> dict[str, float]:
         model.load_state_dict(weights)
-        metrics = validation_loss(model, valid_split, max_tokens=cfg.max_tokens, label_smoothing=cfg.label_smoothing)
-        if cfg.select.metric == "valid_bleu":
-            metrics |= scorer(model)
-        return metrics
+        return _validation_metrics(model, cfg, valid_split, scorer, bleu=cfg.select.metric == "valid_bleu")
 
     return evaluate
 
@@ -188,10 +194,7 @@ def _validate_final_state(valid: dict[int, dict[str, float]], result: TrainResul
     else:
         model = result.model
         model.load_state_dict(load_checkpoint(list_checkpoints(layout.checkpoints)[-1]).model)
-        metrics = validation_loss(model, valid_split, max_tokens=params.train.max_tokens,
-                                  label_smoothing=params.train.label_smoothing)
-        if scorer is not None:
-            metrics |= scorer(model)
+        metrics = _validation_metrics(model, params.train, valid_split, scorer)
         model.load_state_dict(selection.weights)
     log.info("step %d (final state): %s", result.step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     valid[result.step] = metrics
@@ -276,10 +279,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         model = result.model
         selection = select_weights(layout.checkpoints, cfg, _evaluator(model, params, inputs.valid_split, scorer))
         model.load_state_dict(selection.weights)
-        final = validation_loss(model, inputs.valid_split, max_tokens=cfg.max_tokens,
-                                label_smoothing=cfg.label_smoothing)
-        if scorer is not None:
-            final |= scorer(model)
+        final = _validation_metrics(model, cfg, inputs.valid_split, scorer)
         _validate_final_state(valid, result, selection, final, params, layout, inputs.valid_split, scorer, tracker)
         early_reason = _early_reason(early) if result.stopped_by == "early_stop" else None
         budget = budget_line(result.stopped_by, result.step, cfg, early_reason)
