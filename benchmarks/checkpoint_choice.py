@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -32,9 +31,9 @@ def _test_scores(root: Path, params, weights: dict[str, torch.Tensor], splits: l
     from aiayn.checkpoint import save_model
     from aiayn.corpus import read_lines
     from aiayn.decoders import DecodeOptions
-    from aiayn.moses_bleu import score_moses, tok_reference
     from aiayn.scoring import bleu_tokenizer, score
     from aiayn.stages import Layout
+    from aiayn.stages.evaluate import _moses  # the evaluate stage's own: its lc.norm.tok reference rule
     from aiayn.translate import Translator
 
     layout, d, e = Layout(root), params.data, params.evaluate
@@ -47,15 +46,12 @@ def _test_scores(root: Path, params, weights: dict[str, torch.Tensor], splits: l
         for split in splits:
             sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")
             references = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
-            t0 = time.perf_counter()
             prepared = translator.prepare(sources, options, long=e.long_policy)
             hyps = [line for chunk in translator.translate_prepared(prepared, options) for line in chunk]
             result = score(hyps, references, tokenize=bleu_tokenizer(d.tgt_lang, e.bleu_tokenize))
             if e.moses_bleu:
-                ref = tok_reference(layout.raw, split, d.tgt_lang)
-                tokenized = ref.read_text(encoding="utf-8").splitlines() if ref.exists() else None
-                result |= score_moses(hyps, references, d.tgt_lang, tokenized_references=tokenized)
-            out[split] = result | {"seconds": time.perf_counter() - t0}
+                result |= _moses(layout, split, d.tgt_lang, hyps, references)
+            out[split] = result
     return out
 
 
