@@ -1,0 +1,104 @@
+"""Wu et al. 2021's recipe on their text: lowercased, Moses-normalised, Moses-tokenized Multi30k.
+
+Our Wu et al. run (``configs/multi30k_wu2021.yaml``) trains on the raw cased text and lowercases and
+tokenizes its output for their metric; they trained on the multi30k/dataset repository's
+``*.lc.norm.tok.*`` text (``aiayn.moses_bleu`` says how it is made). This isolates that one difference
+(issue 25 item 7's "find out why"). Two steps around one ``make run``:
+
+    python benchmarks/wu2021_their_text.py write --raw data/multi30k --out data/multi30k_lctok \\
+        [--theirs REVISIT_MMT/data/multi30k-en-de]
+    make run PARAMS=configs/multi30k_wu2021_lctok.yaml
+    python benchmarks/wu2021_their_text.py score --root . --text data/multi30k_lctok
+
+``write`` applies ``aiayn.moses_bleu.lc_norm_tok`` to every split of the checksummed raw corpus (NFC,
+stripped, as the prepare stage reads it) and writes a ``moses``-layout corpus (``{split}.{lang}``);
+with ``--theirs`` (the text LividWo/Revisit-MMT ships, BPE'd) it counts the lines that differ from theirs
+once their BPE joins are undone. ``score`` computes their convention exactly as fairseq-generate does
+on such a model: BLEU4 of the (already lowercased, tokenized) hypotheses against the lc.norm.tok
+references on whitespace tokens (sacreBLEU ``tokenize="none"``), without a second pass of the
+tokenizer (it is not idempotent: it escapes ``&apos;`` again). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import unicodedata
+from pathlib import Path
+
+SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+#: Their file names (data/multi30k-en-de in LividWo/Revisit-MMT) for ours.
+THEIR_NAMES = {"train": "train", "val": "valid", "test_2016_flickr": "test.2016",
+               "test_2017_flickr": "test.2017", "test_2017_mscoco": "test.coco"}
+
+
+def _raw_lines(raw: Path, split: str, lang: str) -> list[str]:
+    path = raw / f"{split}.{lang}.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [unicodedata.normalize("NFC", line.rstrip("\n")).strip() for line in f]
+
+
+def write(raw: Path, out: Path, langs: tuple[str, str], theirs: Path | None) -> None:
+    """Write ``out/{split}.{lang}`` (lc.norm.tok) for every split; count differences from ``theirs``."""
+    from aiayn.io import atomic_write_text
+    from aiayn.moses_bleu import lc_norm_tok
+
+    out.mkdir(parents=True, exist_ok=True)
+    print("| split | lang | lines | tokens | lines differing from theirs |\n|---|---|---:|---:|---:|")
+    for split in SPLITS:
+        for lang in langs:
+            lines = lc_norm_tok(_raw_lines(raw, split, lang), lang)
+            atomic_write_text(out / f"{split}.{lang}", "".join(line + "\n" for line in lines))
+            differ = "-"
+            if theirs is not None:
+                text = (theirs / f"{THEIR_NAMES[split]}.{lang}").read_text(encoding="utf-8").splitlines()
+                text = [re.sub(r"@@( |$)", "", line) for line in text]
+                differ = f"{sum(a != b for a, b in zip(lines, text)) + abs(len(lines) - len(text)):,}"
+            tokens = sum(len(line.split()) for line in lines)
+            print(f"| {split} | {lang} | {len(lines):,} | {tokens:,} | {differ} |")
+
+
+def score(root: Path, text: Path) -> None:
+    """Their BLEU of ``root``'s evaluate hypotheses against ``text``'s references, one row per test split."""
+    from sacrebleu.metrics import BLEU
+
+    stage_scores = json.loads((root / "artifacts" / "eval" / "scores.json").read_text())
+    print("| test set | BLEU (their convention: tokenize none, no second tokenizer pass) | sacreBLEU (evaluate stage) |")
+    print("|---|---:|---:|")
+    signature = ""
+    for hyp_path in sorted((root / "artifacts" / "eval").glob("*.hyp.*")):
+        split, lang = hyp_path.name.split(".hyp.")
+        hyps = hyp_path.read_text(encoding="utf-8").splitlines()
+        refs = (text / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+        if len(hyps) != len(refs):
+            raise ValueError(f"{split}: {len(hyps)} hypotheses but {len(refs)} references")
+        bleu = BLEU(tokenize="none", force=True)
+        result = bleu.corpus_score([" ".join(h.split()) for h in hyps], [refs])
+        signature = bleu.get_signature()
+        print(f"| {split} | {result.score:.2f} ({result}) | {stage_scores[split]['bleu']:.2f} |")
+    print(f"\nsignature: {signature}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("write", help="write the lc.norm.tok corpus")
+    w.add_argument("--raw", type=Path, default=Path("data/multi30k"))
+    w.add_argument("--out", type=Path, default=Path("data/multi30k_lctok"))
+    w.add_argument("--langs", default="en,de")
+    w.add_argument("--theirs", type=Path, default=None)
+    s = sub.add_parser("score", help="their BLEU of a finished run's hypotheses")
+    s.add_argument("--root", type=Path, default=Path("."))
+    s.add_argument("--text", type=Path, default=Path("data/multi30k_lctok"))
+    args = ap.parse_args()
+    if args.command == "write":
+        src, tgt = args.langs.split(",")
+        write(args.raw, args.out, (src, tgt), args.theirs)
+    else:
+        score(args.root, args.text)
+
+
+if __name__ == "__main__":
+    main()
