@@ -148,6 +148,7 @@ def dvc_cache_data(root: str) -> dict[str, str]:
     a deliberate ``dvc add``, not a side effect of a scheduled run.
     """
     from dvc.repo import Repo
+    from dvc.stage.exceptions import StageCommitError
 
     logger = get_run_logger()
     result: dict[str, str] = {}
@@ -164,12 +165,18 @@ def dvc_cache_data(root: str) -> dict[str, str]:
             only_uncached = bool(changes) and kinds == {"not in cache"} and all(set(c) == {"changed outs"} for c in changes)
             if not changes:
                 result[name] = "up to date"
-            elif only_uncached:
-                repo.commit(name)  # same hash: only fills the cache, the .dvc file is unchanged
-                result[name] = "cached"
-            else:
-                result[name] = f"differs from its .dvc file: {changes}"
-                logger.warning("%s: %s (not committed; run `dvc add` to version it)", name, result[name])
+                continue
+            if only_uncached:
+                # "not in cache" says nothing of the workspace (DVC cannot compare a directory whose recorded
+                # manifest it lacks): commit without force, which refuses data whose hash moved.
+                try:
+                    repo.commit(name)  # same hash: only fills the cache, the .dvc file is unchanged
+                    result[name] = "cached"
+                    continue
+                except StageCommitError as exc:
+                    changes = [{"changed outs": "modified (its hash is not the recorded one)", "dvc": str(exc)}]
+            result[name] = f"differs from its .dvc file: {changes}"
+            logger.warning("%s: %s (not committed; run `dvc add` to version it)", name, result[name])
     return result
 
 

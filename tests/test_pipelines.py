@@ -269,6 +269,44 @@ def test_push_goes_to_the_remote_named_by_the_environment(tmp_path, prefect_harn
     assert push_flow()["remote"] == "local" and any((tmp_path / "default-remote").rglob("*"))
 
 
+def test_cache_data_commits_only_data_that_matches_its_dvc_file(tmp_path, prefect_harness, monkeypatch):
+    """``data.dvc`` versions ``data/``; a user who writes their own corpus under ``data/`` (and never fetched
+    Multi30k, so the cache lacks it) must get a warning, not a crash, and ``data.dvc`` must stay as it was.
+    DVC's status says only "not in cache" there whatever the workspace holds: the old code took that for
+    "same hash" and ``repo.commit`` raised ``StageCommitError``, failing ``make run`` after the fetch."""
+    from dvc.repo import Repo
+    from prefect import flow
+
+    from pipelines.pipeline import dvc_cache_data
+
+    root = tmp_path / "project"
+    (root / "data" / "multi30k").mkdir(parents=True)
+    (root / "data" / "multi30k" / "train.en").write_text("a man rides a bike\n")
+    monkeypatch.chdir(root)  # DVC resolves the added path against the working directory
+    with Repo.init(str(root), no_scm=True) as repo:
+        repo.add("data")
+    recorded = (root / "data.dvc").read_text()
+
+    @flow
+    def cache_flow() -> dict:
+        return dvc_cache_data(str(root))
+
+    def empty_cache() -> None:
+        shutil.rmtree(root / ".dvc" / "cache")
+
+    empty_cache()  # the recorded data, as a fresh clone has it: versioned, never cached here
+    assert cache_flow() == {"data.dvc": "cached"}
+    assert any((root / ".dvc" / "cache").rglob("*")) and (root / "data.dvc").read_text() == recorded
+
+    empty_cache()  # another corpus under data/, the recorded one absent
+    shutil.rmtree(root / "data" / "multi30k")
+    (root / "data" / "mine").mkdir()
+    (root / "data" / "mine" / "train.en").write_text("my own corpus\n")
+    result = cache_flow()["data.dvc"]
+    assert result.startswith("differs from its .dvc file"), result
+    assert (root / "data.dvc").read_text() == recorded
+
+
 def test_cluster_deployment_renders_a_gpu_job_manifest_without_a_cluster():
     """The nightly retrain on the Kubernetes pool: the Job a worker would submit, rendered by
     prefect-kubernetes' own job configuration (no cluster, no API: the Prefect client is a stub)."""
