@@ -337,6 +337,32 @@ def test_wu2021_config_is_the_recipe_as_written():
     assert (e.beam_size, e.len_penalty, e.length_norm, e.moses_bleu) == (5, 1.0, "fairseq", True)
 
 
+def test_wu2021_on_their_text_is_the_same_recipe_but_the_text():
+    """configs/multi30k_wu2021_lctok.yaml isolates one difference (their lowercased, tokenized text and its
+    dictionary size): every other resolved parameter must stay configs/multi30k_wu2021.yaml's."""
+    from pathlib import Path
+
+    from aiayn.config import load_params
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    ours = load_params(configs / "multi30k_wu2021.yaml").model_dump()
+    theirs = load_params(configs / "multi30k_wu2021_lctok.yaml").model_dump()
+
+    def leaves(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+        return out
+
+    a, b = leaves(ours), leaves(theirs)
+    differ = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    assert differ == {
+        "data.corpus.kind": ("multi30k", "moses"), "data.corpus.path": ("data/multi30k", "data/multi30k_lctok"),
+        "data.max_words": (80, 250), "data.max_ratio": (3.0, 100.0), "data.dedup": (None, False),
+        "tokenize.vocab_size": (8000, 9712), "train.valid_bleu.enabled": (True, False),
+        "evaluate.moses_bleu": (True, False)}
+
+
 def test_fairseq_length_normalisation_is_a_knob_with_the_paper_as_default():
     from aiayn.config import EvalConfig
     from aiayn.decode import length_penalty

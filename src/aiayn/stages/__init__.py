@@ -28,7 +28,7 @@ class Layout:
     ``corpus``    the raw text of the configured source and pair (``aiayn.data.sources`` snapshot)
     ``prepared``  validated, NFC-normalised, filtered plain text: ``{split}.{lang}``
     ``tokenized`` ``spm.model``/``spm.vocab`` + encoded splits (numpy)
-    ``model``     checkpoints, ``model.safetensors`` (averaged), ``model.json``
+    ``model``     checkpoints, ``model.safetensors`` (the weights ``train.select`` chose), ``model.json``
     ``eval``      hypotheses ``{split}.hyp.{tgt_lang}`` and ``scores.json`` (with signatures)
     ``quantized`` one folder per quantized variant (``ct2-int8/``: model + ``variant.json``), reports
     ``export``    the serving bundle (``bundle.json``, model, ``spm.model``, model card), registered in MLflow
