@@ -27,13 +27,12 @@ import torch
 
 
 def _test_scores(root: Path, params, weights: dict[str, torch.Tensor], splits: list[str]) -> dict[str, dict]:
-    """Decode ``splits`` with ``weights`` in the trained model's folder, as the evaluate stage does."""
+    """Decode and score ``splits`` with ``weights`` in the trained model's folder, as the evaluate stage does."""
     from aiayn.checkpoint import save_model
     from aiayn.corpus import read_lines
     from aiayn.decoders import DecodeOptions
-    from aiayn.scoring import bleu_tokenizer, score
     from aiayn.stages import Layout
-    from aiayn.stages.evaluate import _moses  # the evaluate stage's own: its lc.norm.tok reference rule
+    from aiayn.stages.evaluate import decode_split, score_split
     from aiayn.translate import Translator
 
     layout, d, e = Layout(root), params.data, params.evaluate
@@ -46,12 +45,8 @@ def _test_scores(root: Path, params, weights: dict[str, torch.Tensor], splits: l
         for split in splits:
             sources = read_lines(layout.prepared / f"{split}.{d.src_lang}")
             references = read_lines(layout.prepared / f"{split}.{d.tgt_lang}")
-            prepared = translator.prepare(sources, options, long=e.long_policy)
-            hyps = [line for chunk in translator.translate_prepared(prepared, options) for line in chunk]
-            result = score(hyps, references, tokenize=bleu_tokenizer(d.tgt_lang, e.bleu_tokenize))
-            if e.moses_bleu:
-                result |= _moses(layout, split, d.tgt_lang, hyps, references)
-            out[split] = result
+            hyps = decode_split(translator, sources, options, e.long_policy)
+            out[split] = score_split(params, layout, split, hyps, references)
     return out
 
 
@@ -69,7 +64,7 @@ def main() -> None:
     from aiayn.host import host_info
     from aiayn.model import Transformer
     from aiayn.stages import Layout
-    from aiayn.stages.train import _evaluator  # the stage's own: candidates are scored exactly as in training
+    from aiayn.stages.train import weights_evaluator  # the stage's own: candidates scored exactly as in training
     from aiayn.stages.train_job import bleu_validator, load_train_inputs
     from aiayn.train import select_weights
 
@@ -80,7 +75,7 @@ def main() -> None:
     inputs = load_train_inputs(params, layout)
     model = Transformer(inputs.model_cfg).eval()
     scorer = bleu_validator(params, layout, inputs) if params.train.select.metric == "valid_bleu" else None
-    evaluate = _evaluator(model, params, inputs.valid_split, scorer)
+    evaluate = weights_evaluator(model, params, inputs.valid_split, scorer)
     metric = params.train.select.metric
     moses = params.evaluate.moses_bleu
     head = "| method | checkpoints (steps) | " + f"{metric} | " + " | ".join(

@@ -388,3 +388,27 @@ def test_moses_bleu_is_their_tokenization_of_lowercased_text():
     assert "refs:dataset-lc.norm.tok" in given["bleu_moses_lc_tok_signature"]
     with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
         score_moses(["a", "b"], ["a"], "de", tokenized_references=["a"])
+
+
+def test_evaluate_scores_their_convention_against_the_fetched_reference_when_there(tmp_path):
+    """``stages.evaluate.score_split`` (the evaluate stage's and benchmarks/checkpoint_choice.py's scoring):
+    ``bleu_moses_lc_tok`` only with ``evaluate.moses_bleu``; against ``data/multi30k/tok/{split}.lc.norm.tok.{lang}``
+    when ``aiayn fetch --tok-references`` put it there, else against the references put through the same steps."""
+    from aiayn.config import Params
+    from aiayn.moses_bleu import tok_reference
+    from aiayn.stages import Layout
+    from aiayn.stages.evaluate import score_split
+
+    layout = Layout(tmp_path)
+    hyps, refs = ["Ein Hund rennt über die Wiese.", "Zwei Kinder spielen."], ["Ein Hund rennt über die Wiese.", "Zwei Kinder spielen."]
+    plain = score_split(Params(), layout, "test", hyps, refs)
+    assert plain["bleu"] == pytest.approx(100.0) and "bleu_moses_lc_tok" not in plain
+    params = Params.model_validate({"evaluate": {"moses_bleu": True}})
+    derived = score_split(params, layout, "test", hyps, refs)
+    assert derived["bleu_moses_lc_tok"] == pytest.approx(100.0) and "refs:derived-sacremoses" in derived["bleu_moses_lc_tok_signature"]
+    ref = tok_reference(layout.raw, "test", "de")
+    ref.parent.mkdir(parents=True)
+    ref.write_text("ein hund rennt über die wiese .\nzwei andere kinder spielen .\n", encoding="utf-8")  # theirs differs
+    given = score_split(params, layout, "test", hyps, refs)
+    assert "refs:dataset-lc.norm.tok" in given["bleu_moses_lc_tok_signature"] and given["bleu_moses_lc_tok"] < 100
+    assert given["bleu"] == pytest.approx(100.0)  # sacreBLEU keeps scoring against the prepared references

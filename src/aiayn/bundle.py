@@ -2,8 +2,8 @@
 
 The trained model folder (``artifacts/model``, written by the ``train`` stage), ``ModelBundle``::
 
-    model.json         {"model": the resolved ModelConfig, provenance: seeds, steps averaged, ...}
-    model.safetensors  the averaged weights
+    model.json         {"model": the resolved ModelConfig, provenance: seeds, the steps chosen, ...}
+    model.safetensors  the weights ``train.select`` chose (one checkpoint or an average of several)
     spm.model          the joint sentencepiece model
 
 The serving bundle (``artifacts/export``, written by ``aiayn.export.build_bundle``), ``ServingBundle``::

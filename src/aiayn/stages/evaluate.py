@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -28,7 +29,7 @@ from aiayn.scoring import bleu_tokenizer, score
 from aiayn.stages import Layout, split_reads
 from aiayn.translate import Translator
 
-__all__ = ["run", "RECORD"]
+__all__ = ["run", "RECORD", "decode_split", "score_split"]
 
 log = logging.getLogger("aiayn")
 
@@ -50,7 +51,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     tokenizer (``aiayn.scoring.bleu_tokenizer``) is not available.
     """
     d, e = params.data, params.evaluate
-    bleu_tok = bleu_tokenizer(d.tgt_lang, e.bleu_tokenize)  # before decoding: a missing tokenizer fails fast
+    bleu_tokenizer(d.tgt_lang, e.bleu_tokenize)  # before decoding: a missing tokenizer fails fast
     translator = Translator.from_dir(layout.model, device=e.device)
     options = DecodeOptions.from_eval(e)
     metrics: dict[str, dict[str, float]] = {}
@@ -65,14 +66,11 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
             for step, split in enumerate(d.test_splits):
                 sources, references = texts[split]
                 t0 = time.perf_counter()
-                prepared = translator.prepare(sources, options, long=e.long_policy)
-                hyps = [line for chunk in translator.translate_prepared(
-                    prepared, options, batch_progress=lambda n, s=split: bar.advance(n, s)) for line in chunk]
+                hyps = decode_split(translator, sources, options, e.long_policy,
+                                    progress=lambda n, s=split: bar.advance(n, s))
                 seconds = time.perf_counter() - t0
                 atomic_write_text(out / f"{split}.hyp.{d.tgt_lang}", "".join(h + "\n" for h in hyps))
-                result = score(hyps, references, tokenize=bleu_tok)
-                if e.moses_bleu:
-                    result |= _moses(layout, split, d.tgt_lang, hyps, references)
+                result = score_split(params, layout, split, hyps, references)
                 names = ("bleu", "chrf", "bleu_lc_tok") + (("bleu_moses_lc_tok",) if e.moses_bleu else ())
                 metrics[split] = {k: round(float(result[k]), 4) for k in names}
                 scores[split] = result
@@ -92,9 +90,28 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     return metrics
 
 
-def _moses(layout: Layout, split: str, lang: str, hyps: list[str], references: list[str]) -> dict[str, Any]:
-    """``aiayn.moses_bleu.score_moses`` against the dataset's ``lc.norm.tok`` reference when ``aiayn fetch
-    --tok-references`` brought it (``data/multi30k/tok/``), else against our references put through the same steps."""
-    ref = tok_reference(layout.raw, split, lang)
-    tokenized = [line.rstrip("\n") for line in ref.read_text(encoding="utf-8").splitlines()] if ref.exists() else None
-    return score_moses(hyps, references, lang, tokenized_references=tokenized)
+def decode_split(translator: Translator, sources: list[str], options: DecodeOptions, long_policy: str,
+                 progress: Callable[[int], None] | None = None) -> list[str]:
+    """Translate ``sources`` (detokenized text, one sentence each) as the evaluate stage does: one detokenized
+    hypothesis per source, in order. ``long_policy``: ``evaluate.long_policy`` for a line longer than the
+    model accepts; ``progress(n)`` is called after each batch of ``n`` sentences. Raises
+    ``aiayn.translate.InputError`` (a ``ValueError``) for an over-long line under ``error``."""
+    prepared = translator.prepare(sources, options, long=long_policy)
+    return [line for chunk in translator.translate_prepared(prepared, options, batch_progress=progress)
+            for line in chunk]
+
+
+def score_split(params: Params, layout: Layout, split: str, hyps: list[str], references: list[str]) -> dict[str, Any]:
+    """The evaluate stage's scores of one test split: sacreBLEU BLEU/chrF/``bleu_lc_tok`` with their signatures
+    (``aiayn.scoring.score``, BLEU tokenized by ``evaluate.bleu_tokenize``), plus ``bleu_moses_lc_tok`` when
+    ``evaluate.moses_bleu`` (``aiayn.moses_bleu.score_moses`` against the dataset's ``lc.norm.tok``
+    reference when ``aiayn fetch --tok-references`` brought it into ``data/multi30k/tok/``, else against
+    ``references`` put through the same steps). Raises ``aiayn.scoring.ScoringError`` as ``score`` does and
+    ``ValueError`` when the numbers of lines differ."""
+    d = params.data
+    result = score(hyps, references, tokenize=bleu_tokenizer(d.tgt_lang, params.evaluate.bleu_tokenize))
+    if params.evaluate.moses_bleu:
+        ref = tok_reference(layout.raw, split, d.tgt_lang)
+        tokenized = ref.read_text(encoding="utf-8").splitlines() if ref.exists() else None
+        result |= score_moses(hyps, references, d.tgt_lang, tokenized_references=tokenized)
+    return result

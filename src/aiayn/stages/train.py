@@ -39,7 +39,7 @@ from aiayn.stages.train_job import (METRICS_FILE, PARAMS_FILE, RESULT_FILE, bleu
 from aiayn.train import TrainResult, lr_schedule, select_weights, train, validation_loss
 from aiayn.train.select import Selection, checkpoint_extra
 
-__all__ = ["run", "RECORD", "budget_line", "CUT_REASONS"]
+__all__ = ["run", "RECORD", "budget_line", "weights_evaluator", "CUT_REASONS"]
 
 log = logging.getLogger("aiayn")
 
@@ -167,9 +167,11 @@ def _validation_metrics(model: torch.nn.Module, cfg: TrainConfig, valid_split: A
     return metrics
 
 
-def _evaluator(model: torch.nn.Module, params: Params, valid_split: Any, scorer: Any):
-    """``weights -> validation metrics`` for ``select_weights``: loss always, BLEU/chrF when the selection
-    metric needs them."""
+def weights_evaluator(model: torch.nn.Module, params: Params, valid_split: Any, scorer: Any):
+    """``weights -> validation metrics`` for ``aiayn.train.select_weights``, as the train stage scores its
+    candidates: ``weights`` loaded into ``model``, ``valid_loss``/``valid_nll``/``valid_ppl`` always, and
+    ``valid_bleu``/``valid_chrf`` from ``scorer`` (``stages.train_job.bleu_validator``) when
+    ``train.select.metric`` is ``valid_bleu``. Raises ``RuntimeError`` when ``weights`` do not fit ``model``."""
     cfg = params.train
 
     def evaluate(weights: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -277,7 +279,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         valid = {int(k): v for k, v in extra.get("valid", {}).items()}
         early = extra.get("early_stop")
         model = result.model
-        selection = select_weights(layout.checkpoints, cfg, _evaluator(model, params, inputs.valid_split, scorer))
+        selection = select_weights(layout.checkpoints, cfg, weights_evaluator(model, params, inputs.valid_split, scorer))
         model.load_state_dict(selection.weights)
         final = _validation_metrics(model, cfg, inputs.valid_split, scorer)
         _validate_final_state(valid, result, selection, final, params, layout, inputs.valid_split, scorer, tracker)
