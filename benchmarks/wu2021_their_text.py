@@ -3,7 +3,7 @@
 Our Wu et al. run (``configs/multi30k_wu2021.yaml``) trains on the raw cased text and lowercases and
 tokenizes its output for their metric; they trained on the multi30k/dataset repository's
 ``*.lc.norm.tok.*`` text (``aiayn.moses_bleu`` says how it is made). This isolates that one difference
-(issue 25 item 7's "find out why"). Two steps around one ``make run``:
+(issue 25 item 7's "find out why"). Two steps around one ``make run``, after ``aiayn fetch``:
 
     python benchmarks/wu2021_their_text.py write --raw data/multi30k --out data/multi30k_lctok \\
         [--theirs REVISIT_MMT/data/multi30k-en-de]
