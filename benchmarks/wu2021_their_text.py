@@ -74,6 +74,10 @@ def score(root: Path, text: Path) -> None:
         refs = (text / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
         if len(hyps) != len(refs):
             raise ValueError(f"{split}: {len(hyps)} hypotheses but {len(refs)} references")
+        cased = sum(h != h.lower() for h in hyps)
+        if cased > len(hyps) // 100:
+            raise ValueError(f"{split}: {cased} of {len(hyps)} hypotheses hold capitals: this run did not train on "
+                             "lowercased text (score a cased run with evaluate.moses_bleu instead)")
         bleu = BLEU(tokenize="none", force=True)
         result = bleu.corpus_score([" ".join(h.split()) for h in hyps], [refs])
         signature = bleu.get_signature()
