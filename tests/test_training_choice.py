@@ -363,6 +363,48 @@ def test_wu2021_on_their_text_is_the_same_recipe_but_the_text():
         "evaluate.moses_bleu": (True, False)}
 
 
+def test_their_text_benchmark_writes_a_moses_corpus_and_scores_only_lowercased_runs(tmp_path, capsys):
+    """benchmarks/wu2021_their_text.py: ``write`` puts every split through ``lc_norm_tok`` into the ``moses``
+    layout the corpus stage reads; ``score`` is BLEU on whitespace tokens against it and refuses cased output."""
+    import gzip
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import wu2021_their_text as bench
+
+    from aiayn.config import CorpusConfig, DataConfig
+    from aiayn.data.sources import available_splits
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    text = {"en": ["A dog runs.", "Two kids play \"tag\"."], "de": ["Ein Hund rennt.", "Zwei Kinder spielen „Fangen“."]}
+    for split in bench.SPLITS:
+        for lang, lines in text.items():
+            with gzip.open(raw / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+    out = tmp_path / "lctok"
+    bench.write(raw, out, ("en", "de"), None)
+    assert (out / "train.de").read_text(encoding="utf-8").splitlines() == [
+        "ein hund rennt .", "zwei kinder spielen &quot; fangen &quot; ."]
+    data = DataConfig(corpus=CorpusConfig(kind="moses", path=str(out)), src_lang="en", tgt_lang="de")
+    assert available_splits(data, tmp_path) == tuple(sorted(bench.SPLITS))  # what the corpus stage will find
+
+    root = tmp_path / "project"
+    (root / "artifacts" / "eval").mkdir(parents=True)
+    scores = {split: {"bleu": 50.0} for split in bench.SPLITS[2:]}
+    (root / "artifacts" / "eval" / "scores.json").write_text(json.dumps(scores))
+    for split in bench.SPLITS[2:]:
+        (root / "artifacts" / "eval" / f"{split}.hyp.de").write_text("ein hund rennt .\nzwei kinder spielen &quot; fangen &quot; .\n")
+    capsys.readouterr()
+    bench.score(root, out)
+    assert "| test_2016_flickr | 100.00 " in capsys.readouterr().out
+    (root / "artifacts" / "eval" / "test_2016_flickr.hyp.de").write_text("Ein Hund rennt.\nZwei Kinder spielen.\n")
+    with pytest.raises(ValueError, match="2 of 2 hypotheses hold capitals"):
+        bench.score(root, out)
+
+
 def test_fairseq_length_normalisation_is_a_knob_with_the_paper_as_default():
     from aiayn.config import EvalConfig
     from aiayn.decode import length_penalty
