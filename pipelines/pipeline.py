@@ -11,8 +11,10 @@ One run of this flow is one pipeline run:
    (``aiayn check``) and fails the run before anything else happens.
 2. **Fetch** (``io_task``, retried on transient I/O errors; Multi30k configs only: other corpus sources
    are read by the ``corpus`` stage): makes sure the verified raw corpus is in ``data/multi30k`` (files already there with the right hash are kept);
-   then, when it matches ``data.dvc``, puts it in the DVC cache so the push uploads it (a
-   corpus that differs from ``data.dvc`` is reported, never committed).
+   then, when it matches ``data.dvc``, puts it in the DVC cache so the push uploads it. ``data.dvc``
+   versions ``data/multi30k`` only (a corpus of one's own elsewhere, ``data/`` included, is outside it);
+   data that differs from it (e.g. ``aiayn fetch --tok-references`` added ``data/multi30k/tok``) is
+   re-versioned by ``dvc repro`` (DVC re-adds a changed data source), and the report says so.
 3. **Reproduce**: ``dvc.repo.Repo(root).reproduce()``, so DVC alone decides what is
    stale. Each ``dvc.yaml`` cmd (``python -m pipelines.stage <name>``) runs its stage
    flow, reported to the same Prefect API as this flow (``PREFECT_API_URL`` exported),
@@ -143,9 +145,8 @@ def dvc_cache_data(root: str) -> dict[str, str]:
 
     Returns ``{".dvc file": "up to date" | "cached" | "not in the workspace (...)" | "differs from its .dvc
     file: <dvc status>"}``; a ``.dvc`` file whose data is absent (``data.dvc``'s Multi30k when the run reads
-    another corpus) is skipped.
-    Data that differs is reported (warning), never committed: versioning a new corpus is
-    a deliberate ``dvc add``, not a side effect of a scheduled run.
+    another corpus) is skipped. Data that differs is reported (warning) and not committed here; the
+    ``dvc repro`` after it re-adds it (``re_versioned`` then corrects the status for the report).
     """
     from dvc.repo import Repo
     from dvc.stage.exceptions import StageCommitError
@@ -176,8 +177,16 @@ def dvc_cache_data(root: str) -> dict[str, str]:
                 except StageCommitError as exc:
                     changes = [{"changed outs": "modified (its hash is not the recorded one)", "dvc": str(exc)}]
             result[name] = f"differs from its .dvc file: {changes}"
-            logger.warning("%s: %s (not committed; run `dvc add` to version it)", name, result[name])
+            logger.warning("%s: %s (dvc repro will record its new version in %s)", name, result[name], name)
     return result
+
+
+def re_versioned(data_status: dict[str, str], ran: list[str]) -> dict[str, str]:
+    """``data_status`` (``dvc_cache_data``) after ``dvc repro`` ran the stages ``ran``: DVC re-adds a data
+    source whose data changed, so a ``.dvc`` file among ``ran`` now records the new data."""
+    return {name: (f"re-versioned by dvc repro: its data changed (`git diff {name}` shows the new version, "
+                   f"`git checkout {name}` restores the committed one)" if name in ran else status)
+            for name, status in data_status.items()}
 
 
 @io_task(name="dvc-push", transient=TRANSIENT_ERRORS + _upload_error())
@@ -325,6 +334,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         data_status = dvc_cache_data(str(root_path))
         host, t0 = host_info(), time.perf_counter()  # the timing's host: probed idle, before and after
         ran = dvc_repro(str(root_path), env)
+        data_status = re_versioned(data_status, ran)
         timing = {"repro_s": time.perf_counter() - t0, "host": host.line(), "gflops_after": matmul_gflops()}
         pushed = dvc_push(str(root_path)) if push else None
 

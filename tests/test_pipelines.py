@@ -270,10 +270,11 @@ def test_push_goes_to_the_remote_named_by_the_environment(tmp_path, prefect_harn
 
 
 def test_cache_data_commits_only_data_that_matches_its_dvc_file(tmp_path, prefect_harness, monkeypatch):
-    """``data.dvc`` versions ``data/``; a user who writes their own corpus under ``data/`` (and never fetched
-    Multi30k, so the cache lacks it) must get a warning, not a crash, and ``data.dvc`` must stay as it was.
-    DVC's status says only "not in cache" there whatever the workspace holds: the old code took that for
-    "same hash" and ``repo.commit`` raised ``StageCommitError``, failing ``make run`` after the fetch."""
+    """A ``.dvc`` file whose data the cache lacks (a fresh clone) and whose output folder holds other data
+    (here ``data/`` with a corpus of the user's own, as ``data.dvc`` versioned until stop 43) must give a
+    warning, not a crash, and stay as it was. DVC's status says only "not in cache" there whatever the
+    workspace holds: the old code took that for "same hash" and ``repo.commit`` raised ``StageCommitError``,
+    failing ``make run`` before any stage."""
     from dvc.repo import Repo
     from prefect import flow
 
@@ -305,6 +306,36 @@ def test_cache_data_commits_only_data_that_matches_its_dvc_file(tmp_path, prefec
     result = cache_flow()["data.dvc"]
     assert result.startswith("differs from its .dvc file"), result
     assert (root / "data.dvc").read_text() == recorded
+
+
+def test_a_corpus_of_ones_own_under_data_is_outside_the_multi30k_version(tmp_path, monkeypatch):
+    """``data.dvc`` versions Multi30k (``data/multi30k``), not all of ``data/``: with ``data/`` as its output,
+    ``dvc repro`` of a project reading ``data/mine`` re-versioned ``data.dvc`` to the user's text (DVC re-adds a
+    changed data source), a side effect of every scheduled run that the report called "not committed"."""
+    from dvc.repo import Repo
+
+    root = tmp_path / "project"
+    (root / "data" / "mine").mkdir(parents=True)
+    (root / "data" / "mine" / "train.en").write_text("my own corpus\n")
+    shutil.copy(REPO / "data.dvc", root / "data.dvc")
+    (root / "dvc.yaml").write_text("stages:\n  corpus:\n    cmd: cp data/mine/train.en copy.txt\n"
+                                   "    deps: [data/mine]\n    outs: [copy.txt]\n")
+    monkeypatch.chdir(root)
+    with Repo.init(str(root), no_scm=True) as repo:
+        ran = [stage.addressing for stage in repo.reproduce()]
+    assert ran == ["corpus"] and (root / "copy.txt").read_text() == "my own corpus\n"
+    assert (root / "data.dvc").read_text() == (REPO / "data.dvc").read_text()
+
+
+def test_the_report_says_when_dvc_repro_re_versioned_a_data_source():
+    """DVC re-adds a data source whose data changed (``aiayn fetch --tok-references`` adds files to
+    ``data/multi30k``): the status read before the repro ("differs") must not reach the report as the last word."""
+    from pipelines.pipeline import re_versioned
+
+    before = {"data.dvc": "differs from its .dvc file: [...]", "other.dvc": "up to date"}
+    after = re_versioned(before, ["data.dvc", "corpus", "prepare"])
+    assert after["data.dvc"].startswith("re-versioned by dvc repro") and "git diff data.dvc" in after["data.dvc"]
+    assert after["other.dvc"] == "up to date" and re_versioned(before, ["corpus"]) == before
 
 
 def test_cluster_deployment_renders_a_gpu_job_manifest_without_a_cluster():

@@ -126,7 +126,7 @@ def render_card(card: dict[str, Any]) -> str:
     if "git_commit" in prov:
         lines.append(f"- git commit: `{prov.get('git_commit')}`" + (" (dirty work tree)" if prov.get("git_dirty") else ""))
     lines += [f"- model seed {prov.get('seed')}, data-order seed {prov.get('data_seed')}; "
-              f"steps averaged {prov.get('averaged_steps')}",
+              f"weights of steps {prov.get('averaged_steps')} (`train.select`: one, or their average)",
               f"- tokenizer sha256 `{prov.get('tokenizer_sha256')}`"]
     lines += [f"- data `{k}`: `{v}`" for k, v in sorted(prov.get("data_hashes", {}).items())]
     lines += ["", "## Serving", "", f"- runtime `{card['runtime']}`, compute type `{card.get('compute_type')}`",

@@ -232,7 +232,7 @@ def _card(meta: dict[str, Any], *, src_lang: str, tgt_lang: str, decode: DecodeO
         "tags: [translation, marian, aiayn]", "---", "",
         f"# aiayn {src_lang}->{tgt_lang} (Transformer, Vaswani et al. 2017) in the Marian format", "",
         f"Trained by the aiayn pipeline (preset {meta.get('model_preset')}, seed {meta.get('seed')}, "
-        f"averaged steps {meta.get('averaged_steps')}); exported by `aiayn export-hf`. `aiayn.json` says how.", "",
+        f"weights of steps {meta.get('averaged_steps')}); exported by `aiayn export-hf`. `aiayn.json` says how.", "",
         "```python", "from transformers import pipeline",
         f"translate = pipeline(\"translation_{src_lang}_to_{tgt_lang}\", model=\"PATH\")",
         "translate([\"A man is riding a bicycle.\"])", "```", "",
