@@ -105,6 +105,10 @@ def test_each_local_format_trains_through_dvc_repro(tmp_path, prefect_harness, m
         if prepared is None:
             prepared = text
             assert "Running stage 'train'" in out
+            # the model card names the corpus this model was made from, not data.dvc's Multi30k
+            card = json.loads((root / "artifacts" / "export" / "model_card.json").read_text())
+            hashes = card["provenance"]["data_hashes"]
+            assert hashes[f"corpora/{kind}"] == lock["corpus"]["deps"][0]["md5"] and "data/multi30k" not in hashes
         else:  # the same pairs in another format: the same prepared text, so DVC trains nothing again
             assert text == prepared and "Running stage 'train'" not in out
     shown = json.loads(sh(str(BIN / "dvc"), "metrics", "show", "--json", cwd=root, env=env).stdout)

@@ -630,6 +630,24 @@ def test_pipeline_writes_do_not_make_a_fresh_clone_dirty(tmp_path: Path) -> None
     assert git_commit(tmp_path)[1] is True
 
 
+def test_data_version_is_the_corpus_the_run_read(tmp_path: Path) -> None:
+    """``data.version`` names the corpus the ``corpus`` stage read (its data dependency in ``dvc.lock``), not
+    ``data.dvc``'s Multi30k when the run reads a corpus of one's own (``corpora/mine``, README); before the
+    corpus stage has run, ``data.dvc``'s. The old rule (the first path under ``data/``) gave Multi30k's."""
+    from aiayn.tracking.lineage import corpus_version, lineage_tags
+
+    (tmp_path / "data.dvc").write_text(DATA_DVC)
+    assert lineage_tags(tmp_path)["data.version"] == "5555eeee.dir"  # no dvc.lock yet: data.dvc's
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  corpus:\n    cmd: python -m pipelines.stage corpus\n    deps:\n"
+        "    - path: corpora/mine\n      hash: md5\n      md5: 7777aaaa.dir\n"
+        "    - path: src/aiayn/stages/corpus.py\n      hash: md5\n      md5: 8888bbbb\n"
+        "    outs:\n    - path: artifacts/corpus\n      hash: md5\n      md5: 9999cccc.dir\n")
+    assert lineage_tags(tmp_path)["data.version"] == "7777aaaa.dir"
+    (tmp_path / "dvc.lock").write_text("stages: [unclosed\n")
+    assert corpus_version(tmp_path, {"data/multi30k": "5555eeee.dir"}) == "5555eeee.dir"
+
+
 def test_only_data_hashes_are_tags_all_hashes_are_one_artifact(tmp_path: Path, store, client: MlflowClient) -> None:
     (tmp_path / "dvc.lock").write_text(DVC_LOCK)
     (tmp_path / "data.dvc").write_text(DATA_DVC)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from aiayn.bundle import EAGER, read_model_config
@@ -143,9 +144,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
-                       "data_hashes": {k: v for k, v in dvc_data_hashes(layout.root).items()
-                                       if k in ("data/multi30k", "data", "artifacts/corpus", "artifacts/prepared",
-                                                "artifacts/tokenized")}},
+                       "data_hashes": _data_hashes(params, layout)},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
         # (nor is the export block: it says which formats are written, not how the model was made)
@@ -185,3 +184,14 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     return {"variant": variant, "bundle": str(layout.export), "registered": registered,
             "hf_marian": None if hf_dir is None else str(hf_dir)}
 
+
+def _data_hashes(params: Params, layout: Layout) -> dict[str, str]:
+    """The DVC hashes of the data this model was made from: the corpus the ``corpus`` stage read
+    (``data.corpus.path``: ``data/multi30k``, or a corpus of one's own) and the three stages' outputs after it."""
+    keys = {"artifacts/corpus", "artifacts/prepared", "artifacts/tokenized"}
+    if corpus := params.data.corpus.path:  # dvc.lock names it relative to the project root
+        path = Path(corpus)
+        if path.is_absolute() and path.is_relative_to(Path(layout.root).resolve()):
+            path = path.relative_to(Path(layout.root).resolve())
+        keys.add(path.as_posix())
+    return {k: v for k, v in dvc_data_hashes(layout.root).items() if k in keys}

@@ -12,10 +12,12 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import yaml
+
 from aiayn.lineage import data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
-__all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes"]
+__all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes", "corpus_version"]
 
 log = logging.getLogger("aiayn.tracking")
 
@@ -76,15 +78,15 @@ def lineage_hashes(project_root: Path) -> dict[str, str]:
 
 def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> dict[str, str]:
     """The tags of every pipeline and stage run: ``git_tags``, ``dvc.exp_name`` when DVC runs the
-    stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``), ``data.version`` (the raw
-    corpus's DVC hash) and one ``data_hash.<path>`` per data path of ``hashes`` (default ``lineage_hashes``): the
+    stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``), ``data.version`` (the DVC hash
+    of the corpus the run read: ``corpus_version``) and one ``data_hash.<path>`` per data path of ``hashes`` (default ``lineage_hashes``): the
     corpus and the stages' outputs, not the code files (the git commit covers those; every hash is in the
     ``lineage/dvc_hashes.json`` artifact)."""
     tags = git_tags(project_root)
     if os.environ.get("DVC_EXP_NAME"):  # set by DVC for queued / temp experiments
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
     hashes = lineage_hashes(project_root) if hashes is None else hashes
-    if version := data_version(hashes):
+    if version := corpus_version(project_root, hashes):
         tags["data.version"] = version
     for path, h in hashes.items():
         if is_code_path(path):
@@ -92,3 +94,20 @@ def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> di
         key = BAD_KEY_CHARS.sub("_", f"data_hash.{path}")[:MAX_KEY_LEN]
         tags[key] = h
     return tags
+
+
+def corpus_version(project_root: Path, hashes: dict[str, str]) -> str | None:
+    """The run's data version: the DVC hash (from ``hashes``) of what the ``corpus`` stage read, its data
+    dependency in ``dvc.lock`` (``data/multi30k``, or a corpus of one's own: ``corpora/mine``); before that
+    stage has run, ``aiayn.lineage.data_version`` (the first path under ``data/``: ``data.dvc``'s Multi30k).
+    None when neither is known; an unreadable ``dvc.lock`` counts as not yet run."""
+    try:
+        lock = yaml.safe_load((Path(project_root) / "dvc.lock").read_text(encoding="utf-8")) or {}
+        deps = lock["stages"]["corpus"]["deps"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        deps = []
+    for dep in deps if isinstance(deps, list) else []:
+        path = dep.get("path") if isinstance(dep, dict) else None
+        if isinstance(path, str) and path in hashes and not is_code_path(path):
+            return hashes[path]
+    return data_version(hashes)
