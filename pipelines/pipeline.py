@@ -239,6 +239,7 @@ def render_report(
     title: str = "aiayn pipeline run",
     training: dict[str, Any] | None = None,
     timing: dict[str, Any] | None = None,
+    corpus: str | None = None,
 ) -> str:
     """Markdown for the pipeline report (pure function of its inputs).
 
@@ -249,7 +250,9 @@ def render_report(
     ``artifacts/train_metrics.json`` (its ``budget`` line opens the report: a run cut by the clock or a
     signal says so before anything else, since its scores are not the configured model's); ``timing``:
     ``{"repro_s": seconds of dvc repro, "host": aiayn.host.HostInfo.line() before it, "gflops_after": the
-    matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host).
+    matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host);
+    ``corpus``: ``data.corpus.path``, the corpus the run read (its hash is the data line; None or a path
+    ``data_hashes`` lacks: every hash under ``data/``).
     """
     budget = (training or {}).get("budget")
     lines = cut_warning_markdown(budget)
@@ -276,6 +279,8 @@ def render_report(
     lines.append(f"- MLflow run: {mlflow_link}" if mlflow_link else "- MLflow run: not tracked (tracking off or unreachable)")
     if isinstance(data_hashes, str):
         lines.append(f"- data: hash {data_hashes}")
+    elif corpus and corpus in data_hashes:
+        lines.append(f"- data `{corpus}` (the corpus this run read): md5 `{data_hashes[corpus]}`")
     elif raw := {p: h for p, h in data_hashes.items() if p == "data" or p.startswith("data/")}:
         lines += [f"- data `{p}`: md5 `{h}`" for p, h in sorted(raw.items())]
     else:
@@ -351,6 +356,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             title=f"aiayn pipeline run {runtime.flow_run.name}",
             training=training,
             timing=timing,
+            corpus=params.data.corpus.path and Path(params.data.corpus.path).as_posix(),
         )
         artifact_id = publish_report(markdown)
         parent_run_id = tracker.parent_run_id

@@ -393,6 +393,9 @@ def test_render_report_lists_every_test_set_with_signatures():
     assert "`nrefs:1|case:mixed|tok:13a`" in md and "`nrefs:1|nc:6`" in md
     assert "md5 `abc.dir`" in md and "artifacts/model" not in md
     assert "http://mlflow/#/runs/1" in md and "pushed 3 file(s)" in md
+    mine = render_report(metrics=metrics, scores=scores, data_hashes={"data/multi30k": "abc.dir", "corpora/mine": "def.dir"},
+                         mlflow_link=None, ran=[], push=None, corpus="corpora/mine")  # a corpus of one's own
+    assert "- data `corpora/mine` (the corpus this run read): md5 `def.dir`" in mine and "abc.dir" not in mine
     md = render_report(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=[], push={"pushed": None, "remote": None, "reason": "no remote"})
     assert "No evaluation metrics" in md and "not pushed (no remote)" in md and "nothing (all stages up to date)" in md
 
