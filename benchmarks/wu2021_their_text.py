@@ -10,10 +10,10 @@ tokenizes its output for their metric; they trained on the multi30k/dataset repo
     make run PARAMS=configs/multi30k_wu2021_lctok.yaml
     python benchmarks/wu2021_their_text.py score --root . --text data/multi30k_lctok
 
-``write`` applies ``aiayn.moses_bleu.lc_norm_tok`` to every split of the checksummed raw corpus (NFC,
-stripped, as the prepare stage reads it) and writes a ``moses``-layout corpus (``{split}.{lang}``);
-with ``--theirs`` (the text LividWo/Revisit-MMT ships, BPE'd) it counts the lines that differ from theirs
-once their BPE joins are undone. ``score`` computes their convention exactly as fairseq-generate does
+``write`` applies ``aiayn.moses_bleu.lc_norm_tok`` to every split of the checksummed raw corpus (read by
+``aiayn.corpus.read_lines``, as the prepare stage reads it: validated, NFC) and writes a ``moses``-layout
+corpus (``{split}.{lang}``); with ``--theirs`` (the text LividWo/Revisit-MMT ships, BPE'd) it counts the
+lines that differ from theirs once their BPE joins are undone. ``score`` computes their convention exactly as fairseq-generate does
 on such a model: BLEU4 of the (already lowercased, tokenized) hypotheses against the lc.norm.tok
 references on whitespace tokens (sacreBLEU ``tokenize="none"``), without a second pass of the
 tokenizer (it is not idempotent: it escapes ``&apos;`` again). Prints a Markdown table.
@@ -22,10 +22,8 @@ tokenizer (it is not idempotent: it escapes ``&apos;`` again). Prints a Markdown
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
-import unicodedata
 from pathlib import Path
 
 SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
@@ -34,14 +32,9 @@ THEIR_NAMES = {"train": "train", "val": "valid", "test_2016_flickr": "test.2016"
                "test_2017_flickr": "test.2017", "test_2017_mscoco": "test.coco"}
 
 
-def _raw_lines(raw: Path, split: str, lang: str) -> list[str]:
-    path = raw / f"{split}.{lang}.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [unicodedata.normalize("NFC", line.rstrip("\n")).strip() for line in f]
-
-
 def write(raw: Path, out: Path, langs: tuple[str, str], theirs: Path | None) -> None:
     """Write ``out/{split}.{lang}`` (lc.norm.tok) for every split; count differences from ``theirs``."""
+    from aiayn.corpus import read_lines
     from aiayn.io import atomic_write_text
     from aiayn.moses_bleu import lc_norm_tok
 
@@ -49,7 +42,7 @@ def write(raw: Path, out: Path, langs: tuple[str, str], theirs: Path | None) -> 
     print("| split | lang | lines | tokens | lines differing from theirs |\n|---|---|---:|---:|---:|")
     for split in SPLITS:
         for lang in langs:
-            lines = lc_norm_tok(_raw_lines(raw, split, lang), lang)
+            lines = lc_norm_tok(read_lines(raw / f"{split}.{lang}.gz"), lang)
             atomic_write_text(out / f"{split}.{lang}", "".join(line + "\n" for line in lines))
             differ = "-"
             if theirs is not None:
