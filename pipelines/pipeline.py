@@ -58,7 +58,7 @@ from prefect.states import Failed, State  # noqa: E402
 from aiayn.checks import load_checked  # noqa: E402
 from aiayn.exitcodes import EXIT_TRAINING_CUT, cut_warning_markdown, training_was_cut  # noqa: E402
 from aiayn.host import host_info, matmul_gflops  # noqa: E402
-from aiayn.lineage import dvc_data_hashes  # noqa: E402
+from aiayn.lineage import CorpusInput, corpus_input, dvc_data_hashes  # noqa: E402
 from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 from aiayn.tracking import Tracker  # noqa: E402
@@ -239,7 +239,7 @@ def render_report(
     title: str = "aiayn pipeline run",
     training: dict[str, Any] | None = None,
     timing: dict[str, Any] | None = None,
-    corpus: str | None = None,
+    corpus: CorpusInput | None = None,
 ) -> str:
     """Markdown for the pipeline report (pure function of its inputs).
 
@@ -251,8 +251,8 @@ def render_report(
     signal says so before anything else, since its scores are not the configured model's); ``timing``:
     ``{"repro_s": seconds of dvc repro, "host": aiayn.host.HostInfo.line() before it, "gflops_after": the
     matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host);
-    ``corpus``: ``data.corpus.path``, the corpus the run read (its hash is the data line; None or a path
-    ``data_hashes`` lacks: every hash under ``data/``).
+    ``corpus``: the corpus the run read, ``aiayn.lineage.corpus_input`` (its path and hash are the data line,
+    inside the project or not; None, before the corpus stage has run: every hash under ``data/``).
     """
     budget = (training or {}).get("budget")
     lines = cut_warning_markdown(budget)
@@ -279,8 +279,8 @@ def render_report(
     lines.append(f"- MLflow run: {mlflow_link}" if mlflow_link else "- MLflow run: not tracked (tracking off or unreachable)")
     if isinstance(data_hashes, str):
         lines.append(f"- data: hash {data_hashes}")
-    elif corpus and corpus in data_hashes:
-        lines.append(f"- data `{corpus}` (the corpus this run read): md5 `{data_hashes[corpus]}`")
+    elif corpus and corpus.md5:
+        lines.append(f"- data `{corpus.path}` (the corpus this run read): md5 `{corpus.md5}`")
     elif raw := {p: h for p, h in data_hashes.items() if p == "data" or p.startswith("data/")}:
         lines += [f"- data `{p}`: md5 `{h}`" for p, h in sorted(raw.items())]
     else:
@@ -344,11 +344,11 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         pushed = dvc_push(str(root_path)) if push else None
 
         mlflow_link = tracker.parent_run_url()
-        training = _read_json(layout.train_metrics)
+        training, hashes = _read_json(layout.train_metrics), _data_hashes(root_path)
         markdown = render_report(
             metrics=_read_json(layout.eval_metrics),
             scores=_read_json(layout.eval / "scores.json"),
-            data_hashes=_data_hashes(root_path),
+            data_hashes=hashes,
             data_status=data_status,
             mlflow_link=mlflow_link,
             ran=ran,
@@ -356,7 +356,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             title=f"aiayn pipeline run {runtime.flow_run.name}",
             training=training,
             timing=timing,
-            corpus=params.data.corpus.path and Path(params.data.corpus.path).as_posix(),
+            corpus=None if isinstance(hashes, str) else corpus_input(root_path),  # the lock parsed: readable
         )
         artifact_id = publish_report(markdown)
         parent_run_id = tracker.parent_run_id

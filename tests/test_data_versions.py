@@ -7,6 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -77,3 +79,42 @@ def test_the_report_says_when_dvc_repro_re_versioned_a_data_source():
     after = re_versioned(before, ["data.dvc", "corpus", "prepare"])
     assert after["data.dvc"].startswith("re-versioned by dvc repro") and "git diff data.dvc" in after["data.dvc"]
     assert after["other.dvc"] == "up to date" and re_versioned(before, ["corpus"]) == before
+
+
+def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypatch):
+    """One rule names the corpus a run read, ``aiayn.lineage.corpus_input`` (the ``corpus`` stage's data
+    dependency in ``dvc.lock``), for MLflow's ``data.version``, the model card and the pipeline report. DVC
+    records a corpus outside the project by its absolute path and hash, which the old rules dropped:
+    ``data.version`` fell back to ``data.dvc``'s Multi30k (README: "your files may live anywhere"), the card
+    listed no corpus and the report listed Multi30k. An absolute path inside the project DVC records relative."""
+    from dvc.repo import Repo
+
+    from aiayn.lineage import corpus_input
+    from aiayn.stages import Layout
+    from aiayn.stages.export import _data_hashes
+    from aiayn.tracking.lineage import lineage_tags
+    from pipelines.pipeline import render_report
+
+    root, elsewhere = tmp_path / "project", tmp_path / "srv" / "mine"
+    for folder in (root / "corpora" / "mine", elsewhere):
+        folder.mkdir(parents=True)
+        (folder / "train.en").write_text(f"the corpus in {folder.parent.name}\n")
+    shutil.copy(REPO / "data.dvc", root / "data.dvc")
+    multi30k_md5 = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]["md5"]
+    monkeypatch.chdir(root)
+    for corpus, recorded in ((elsewhere, elsewhere.as_posix()), (root / "corpora" / "mine", "corpora/mine")):
+        (root / "dvc.yaml").write_text(f"stages:\n  corpus:\n    cmd: cp {corpus}/train.en copy.txt\n"
+                                       f"    deps: [{corpus}, src/aiayn/stages/corpus.py]\n    outs: [copy.txt]\n")
+        (root / "src" / "aiayn" / "stages").mkdir(parents=True, exist_ok=True)
+        (root / "src" / "aiayn" / "stages" / "corpus.py").write_text("# code, not data\n")
+        with Repo.init(str(root), no_scm=True, force=True) as repo:
+            repo.reproduce()
+        (dep,) = [d for d in yaml.safe_load((root / "dvc.lock").read_text())["stages"]["corpus"]["deps"]
+                  if not d["path"].endswith(".py")]
+        assert corpus_input(root) == (recorded, dep["md5"]) and dep["md5"] != multi30k_md5
+        assert lineage_tags(root)["data.version"] == dep["md5"]
+        assert _data_hashes(Layout(root)) == {recorded: dep["md5"]}
+        report = render_report(metrics=None, scores=None, data_hashes={"data/multi30k": multi30k_md5},
+                               mlflow_link=None, ran=[], push=None, corpus=corpus_input(root))
+        assert f"- data `{recorded}` (the corpus this run read): md5 `{dep['md5']}`" in report
+        assert multi30k_md5 not in report

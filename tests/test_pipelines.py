@@ -313,6 +313,7 @@ def test_cluster_deployment_renders_a_gpu_job_manifest_without_a_cluster():
 
 
 def test_render_report_lists_every_test_set_with_signatures():
+    from aiayn.lineage import CorpusInput
     from pipelines.pipeline import render_report
 
     metrics = {"test_2016_flickr": {"bleu": 35.123, "chrf": 61.0, "bleu_lc_tok": 37.996}, "test_2017_mscoco": {"bleu": 20.0, "chrf": 50.5, "bleu_lc_tok": 21.004}}
@@ -325,7 +326,7 @@ def test_render_report_lists_every_test_set_with_signatures():
     assert "md5 `abc.dir`" in md and "artifacts/model" not in md
     assert "http://mlflow/#/runs/1" in md and "pushed 3 file(s)" in md
     mine = render_report(metrics=metrics, scores=scores, data_hashes={"data/multi30k": "abc.dir", "corpora/mine": "def.dir"},
-                         mlflow_link=None, ran=[], push=None, corpus="corpora/mine")  # a corpus of one's own
+                         mlflow_link=None, ran=[], push=None, corpus=CorpusInput("corpora/mine", "def.dir"))  # one's own
     assert "- data `corpora/mine` (the corpus this run read): md5 `def.dir`" in mine and "abc.dir" not in mine
     md = render_report(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=[], push={"pushed": None, "remote": None, "reason": "no remote"})
     assert "No evaluation metrics" in md and "not pushed (no remote)" in md and "nothing (all stages up to date)" in md

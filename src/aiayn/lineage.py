@@ -12,12 +12,12 @@ import posixpath
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 __all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "PIPELINE_WRITES",
-           "is_code_path", "data_version"]
+           "is_code_path", "data_version", "CorpusInput", "corpus_input"]
 
 #: What the pipeline itself writes inside a project (git pathspecs): a ``dvc repro`` rewrites ``dvc.lock``, the
 #: stages write ``artifacts/``, tracking keeps its state in ``.aiayn/`` (and the default stores). None of it is the
@@ -92,36 +92,13 @@ def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
     root = Path(project_root)
     deps: dict[str, str] = {}
     outs: dict[str, str] = {}
-
-    def _load(path: Path) -> Any:
-        try:
-            return yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {e}") from e
-
-    def _entries(path: Path, block: Any, what: str) -> list[Mapping[str, Any]]:
-        if block is None:
-            return []
-        if not isinstance(block, list) or not all(isinstance(x, Mapping) for x in block):
-            raise ValueError(f"{path}: {what} must be a list of mappings, got {block!r:.200}")
-        return block
-
     lock = root / "dvc.lock"
-    if lock.is_file():
-        doc = _load(lock) or {}
-        if not isinstance(doc, Mapping):
-            raise ValueError(f"{lock}: expected a mapping at top level, got {type(doc).__name__}")
-        stages = doc.get("stages", {}) if "schema" in doc else doc  # schema 2.0 vs 1.0
-        if not isinstance(stages, Mapping):
-            raise ValueError(f"{lock}: 'stages' must be a mapping, got {stages!r:.200}")
-        for name, stage in stages.items():
-            if not isinstance(stage, Mapping):
-                raise ValueError(f"{lock}: stage {name!r} must be a mapping, got {stage!r:.200}")
-            for target, key in ((deps, "deps"), (outs, "outs")):
-                for entry in _entries(lock, stage.get(key), f"stages.{name}.{key}"):
-                    p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
-                    if p and h:
-                        target[p] = h
+    for name, stage in _lock_stages(root).items():
+        for target, key in ((deps, "deps"), (outs, "outs")):
+            for entry in _entries(lock, stage.get(key), f"stages.{name}.{key}"):
+                p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
+                if p and h:
+                    target[p] = h
 
     for dvc_file, entry in dvc_file_outs(root, strict=True):
         p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
@@ -129,6 +106,70 @@ def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
             outs[p] = h
 
     return {**deps, **outs}
+
+
+class CorpusInput(NamedTuple):
+    """The data the ``corpus`` stage read, as ``dvc.lock`` records its dependency."""
+
+    path: str  #: POSIX, relative to the project root (``data/multi30k``, ``corpora/mine``); absolute outside it
+    md5: str | None  #: DVC's hash (``...dir`` for a folder); None if the entry has none
+
+
+def corpus_input(project_root: str | Path) -> CorpusInput | None:
+    """What the run's corpus is: the ``corpus`` stage's data dependency in ``<project_root>/dvc.lock``.
+
+    The one rule for "which corpus" (MLflow's ``data.version``, the model card's data hashes, the pipeline
+    report's data line). DVC writes a path inside the project relative to it however ``data.corpus.path``
+    gave it, and keeps the absolute path and hash of a corpus outside the project (``/srv/corpora/mine``),
+    which ``dvc_data_hashes`` leaves out. None before the corpus stage has run (no ``dvc.lock``, no
+    ``corpus`` entry).
+
+    Raises:
+        ValueError: ``dvc.lock`` is not valid YAML or not shaped like a lock file; the message names it.
+    """
+    root = Path(project_root)
+    stage = _lock_stages(root).get("corpus")
+    for entry in _entries(root / "dvc.lock", (stage or {}).get("deps"), "stages.corpus.deps"):
+        path = entry.get("path")
+        if not isinstance(path, str) or "://" in path:
+            continue
+        path = path if posixpath.isabs(path) else _local_path("", path)
+        if path and not is_code_path(path):
+            return CorpusInput(path, dvc_out_hash(entry))
+    return None
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from e
+
+
+def _entries(path: Path, block: Any, what: str) -> list[Mapping[str, Any]]:
+    """A ``deps``/``outs`` block: a list of mappings ([] when absent); ValueError naming ``path`` otherwise."""
+    if block is None:
+        return []
+    if not isinstance(block, list) or not all(isinstance(x, Mapping) for x in block):
+        raise ValueError(f"{path}: {what} must be a list of mappings, got {block!r:.200}")
+    return block
+
+
+def _lock_stages(root: Path) -> Mapping[str, Mapping[str, Any]]:
+    """``dvc.lock``'s stages by name ({} without a ``dvc.lock``); ValueError naming the file if malformed."""
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {}
+    doc = _load_yaml(lock) or {}
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{lock}: expected a mapping at top level, got {type(doc).__name__}")
+    stages = doc.get("stages", {}) if "schema" in doc else doc  # schema 2.0 vs 1.0
+    if not isinstance(stages, Mapping):
+        raise ValueError(f"{lock}: 'stages' must be a mapping, got {stages!r:.200}")
+    for name, stage in stages.items():
+        if not isinstance(stage, Mapping):
+            raise ValueError(f"{lock}: stage {name!r} must be a mapping, got {stage!r:.200}")
+    return stages
 
 
 def dvc_file_outs(project_root: str | Path, *, strict: bool) -> list[tuple[Path, Mapping[str, Any]]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from aiayn.bundle import EAGER, read_model_config
@@ -29,7 +28,7 @@ from aiayn.config import DataConfig, Params, corpus_identity, registered_model_n
 from aiayn.decoders import DecodeOptions
 from aiayn.exitcodes import training_was_cut
 from aiayn.export import build_bundle, register_bundle
-from aiayn.lineage import dvc_data_hashes, git_commit
+from aiayn.lineage import corpus_input, dvc_data_hashes, git_commit
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.settings import Settings
 from aiayn.stages import Layout
@@ -144,7 +143,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
-                       "data_hashes": _data_hashes(params, layout)},
+                       "data_hashes": _data_hashes(layout)},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
         # (nor is the export block: it says which formats are written, not how the model was made)
@@ -185,13 +184,12 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
             "hf_marian": None if hf_dir is None else str(hf_dir)}
 
 
-def _data_hashes(params: Params, layout: Layout) -> dict[str, str]:
+def _data_hashes(layout: Layout) -> dict[str, str]:
     """The DVC hashes of the data this model was made from: the corpus the ``corpus`` stage read
-    (``data.corpus.path``: ``data/multi30k``, or a corpus of one's own) and the three stages' outputs after it."""
-    keys = {"artifacts/corpus", "artifacts/prepared", "artifacts/tokenized"}
-    if corpus := params.data.corpus.path:  # dvc.lock names it relative to the project root
-        path = Path(corpus)
-        if path.is_absolute() and path.is_relative_to(Path(layout.root).resolve()):
-            path = path.relative_to(Path(layout.root).resolve())
-        keys.add(path.as_posix())
-    return {k: v for k, v in dvc_data_hashes(layout.root).items() if k in keys}
+    (``aiayn.lineage.corpus_input``: ``data/multi30k``, or a corpus of one's own, inside the project or not)
+    and the three stages' outputs after it."""
+    keys = ("artifacts/corpus", "artifacts/prepared", "artifacts/tokenized")
+    hashes = dvc_data_hashes(layout.root)
+    corpus = corpus_input(layout.root)
+    first = {corpus.path: corpus.md5} if corpus and corpus.md5 else {}
+    return first | {k: hashes[k] for k in keys if k in hashes}

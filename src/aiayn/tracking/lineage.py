@@ -12,9 +12,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import yaml
 
-from aiayn.lineage import data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
+from aiayn.lineage import corpus_input, data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
 __all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes", "corpus_version"]
@@ -97,17 +96,12 @@ def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> di
 
 
 def corpus_version(project_root: Path, hashes: dict[str, str]) -> str | None:
-    """The run's data version: the DVC hash (from ``hashes``) of what the ``corpus`` stage read, its data
-    dependency in ``dvc.lock`` (``data/multi30k``, or a corpus of one's own: ``corpora/mine``); before that
-    stage has run, ``aiayn.lineage.data_version`` (the first path under ``data/``: ``data.dvc``'s Multi30k).
-    None when neither is known; an unreadable ``dvc.lock`` counts as not yet run."""
+    """The run's data version: the DVC hash of what the ``corpus`` stage read (``aiayn.lineage.corpus_input``:
+    its data dependency in ``dvc.lock``, ``data/multi30k`` or a corpus of one's own, inside the project or not);
+    before that stage has run, ``aiayn.lineage.data_version(hashes)`` (the first path under ``data/``:
+    ``data.dvc``'s Multi30k). None when neither is known; an unreadable ``dvc.lock`` counts as not yet run."""
     try:
-        lock = yaml.safe_load((Path(project_root) / "dvc.lock").read_text(encoding="utf-8")) or {}
-        deps = lock["stages"]["corpus"]["deps"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        deps = []
-    for dep in deps if isinstance(deps, list) else []:
-        path = dep.get("path") if isinstance(dep, dict) else None
-        if isinstance(path, str) and path in hashes and not is_code_path(path):
-            return hashes[path]
-    return data_version(hashes)
+        corpus = corpus_input(project_root)
+    except ValueError:
+        corpus = None
+    return corpus.md5 if corpus else data_version(hashes)
