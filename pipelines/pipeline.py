@@ -339,8 +339,8 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         data_status = dvc_cache_data(str(root_path))
         host, t0 = host_info(), time.perf_counter()  # the timing's host: probed idle, before and after
         ran = dvc_repro(str(root_path), env)
-        data_status = re_versioned(data_status, ran)
         timing = {"repro_s": time.perf_counter() - t0, "host": host.line(), "gflops_after": matmul_gflops()}
+        data_status = re_versioned(data_status, ran)
         pushed = dvc_push(str(root_path)) if push else None
 
         mlflow_link = tracker.parent_run_url()
