@@ -341,6 +341,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         ran = dvc_repro(str(root_path), env)
         timing = {"repro_s": time.perf_counter() - t0, "host": host.line(), "gflops_after": matmul_gflops()}
         data_status = re_versioned(data_status, ran)
+        tracker.refresh_lineage()  # the stages rewrote dvc.lock: the corpus they read, their outputs' hashes
         pushed = dvc_push(str(root_path)) if push else None
 
         mlflow_link = tracker.parent_run_url()

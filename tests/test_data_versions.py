@@ -118,3 +118,31 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
                                mlflow_link=None, ran=[], push=None, corpus=corpus_input(root))
         assert f"- data `{recorded}` (the corpus this run read): md5 `{dep['md5']}`" in report
         assert multi30k_md5 not in report
+
+
+def test_the_run_around_dvc_repro_is_tagged_with_the_corpus_the_stages_read(tmp_path, monkeypatch):
+    """The pipeline flow's ``orchestrate`` run wraps ``dvc repro`` and read its lineage when it started, from
+    the ``dvc.lock`` of the run before: a fresh clone's first run on a corpus of one's own kept the main job's
+    Multi30k as ``data.version`` there (found by the new-user trial of a corpus outside the project).
+    ``Tracker.refresh_lineage`` re-tags it, and the parent, from the ``dvc.lock`` the stages wrote."""
+    from mlflow import MlflowClient
+
+    from aiayn.tracking import Tracker
+
+    for var in ("AIAYN_PARENT_RUN_ID", "AIAYN_TRACKING", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+    lock = ("schema: '2.0'\nstages:\n  corpus:\n    cmd: x\n    deps:\n    - path: {}\n      hash: md5\n"
+            "      md5: {}\n    outs:\n    - path: artifacts/corpus\n      hash: md5\n      md5: {}\n")
+    root, uri = tmp_path / "project", f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    root.mkdir()
+    (root / "dvc.lock").write_text(lock.format("data/multi30k", "1111aaaa.dir", "2222bbbb.dir"))
+    with Tracker("orchestrate", project_root=root, tracking_uri=uri, end_pipeline=True) as tracker:
+        (root / "dvc.lock").write_text(lock.format("/srv/corpora/mine", "7777eeee.dir", "8888ffff.dir"))
+        tracker.refresh_lineage()
+        run_id, parent_id = tracker.run_id, tracker.parent_run_id
+    client = MlflowClient(tracking_uri=uri)
+    for rid in (run_id, parent_id):
+        tags = client.get_run(rid).data.tags
+        assert tags["data.version"] == "7777eeee.dir" and tags["data_hash.artifacts/corpus"] == "8888ffff.dir"
+    hashes = Path(client.download_artifacts(parent_id, "lineage/dvc_hashes.json", str(tmp_path)))
+    assert "8888ffff.dir" in hashes.read_text() and "2222bbbb.dir" not in hashes.read_text()

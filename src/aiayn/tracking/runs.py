@@ -259,6 +259,22 @@ class Tracker:
             state["stages"][self.stage] = {"run_id": self._run_id, "status": "RUNNING"}
             atomic_write_json(self.state_path, state)
 
+    def refresh_lineage(self) -> None:
+        """Re-read the lineage (``lineage_tags``, ``lineage/dvc_hashes.json``) and re-tag this run and the parent.
+
+        For a run that wraps ``dvc repro`` (the pipeline flow's ``orchestrate``): its tags were read when it
+        started, from the ``dvc.lock`` of the run before (a fresh clone's: the main job's corpus), and the
+        stages rewrote it since. A failure disables tracking with one warning, as any MLflow call's (``_guard``)."""
+        if self._active:
+            self._guard(self._tag_lineage)
+
+    def _tag_lineage(self) -> None:
+        hashes = lineage_hashes(self.project_root)
+        tags = lineage_tags(self.project_root, hashes)
+        for run_id in (self._parent_run_id, self._run_id):
+            self._set_tags(run_id, tags)
+        self._log_hashes(hashes)
+
     def _log_datasets(self) -> None:
         """Log the record's datasets (``lineage.dvc_datasets``) as dataset inputs of the child and the
         parent run (a failure here is one warning; tracking goes on)."""
