@@ -102,6 +102,6 @@ def corpus_version(project_root: Path, hashes: dict[str, str]) -> str | None:
     ``data.dvc``'s Multi30k). None when neither is known; an unreadable ``dvc.lock`` counts as not yet run."""
     try:
         corpus = corpus_input(project_root)
-    except ValueError:
+    except (OSError, ValueError):  # unreadable: as if not yet run
         corpus = None
     return corpus.md5 if corpus else data_version(hashes)
