@@ -146,3 +146,19 @@ def test_the_run_around_dvc_repro_is_tagged_with_the_corpus_the_stages_read(tmp_
         assert tags["data.version"] == "7777eeee.dir" and tags["data_hash.artifacts/corpus"] == "8888ffff.dir"
     hashes = Path(client.download_artifacts(parent_id, "lineage/dvc_hashes.json", str(tmp_path)))
     assert "8888ffff.dir" in hashes.read_text() and "2222bbbb.dir" not in hashes.read_text()
+
+
+def test_a_hub_dataset_is_named_by_the_snapshot_the_corpus_stage_made(tmp_path):
+    """A Hugging Face hub dataset has no local data for DVC to hash (the corpus stage watches its loader,
+    ``src/aiayn/data/hub.py``): its version is the stage's snapshot, ``artifacts/corpus``, where the old rule
+    fell back to ``data.dvc``'s Multi30k for a run on, say, wmt/wmt14."""
+    from aiayn.lineage import corpus_input
+    from aiayn.tracking.lineage import lineage_tags
+
+    shutil.copy(REPO / "data.dvc", tmp_path / "data.dvc")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  corpus:\n    cmd: python -m pipelines.stage corpus\n    deps:\n"
+        "    - path: src/aiayn/data/hub.py\n      hash: md5\n      md5: 8888bbbb\n"
+        "    outs:\n    - path: artifacts/corpus\n      hash: md5\n      md5: 9999cccc.dir\n")
+    assert corpus_input(tmp_path) == ("artifacts/corpus", "9999cccc.dir")
+    assert lineage_tags(tmp_path)["data.version"] == "9999cccc.dir"

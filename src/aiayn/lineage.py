@@ -121,20 +121,24 @@ def corpus_input(project_root: str | Path) -> CorpusInput | None:
     The one rule for "which corpus" (MLflow's ``data.version``, the model card's data hashes, the pipeline
     report's data line). DVC writes a path inside the project relative to it however ``data.corpus.path``
     gave it, and keeps the absolute path and hash of a corpus outside the project (``/srv/corpora/mine``),
-    which ``dvc_data_hashes`` leaves out. None before the corpus stage has run (no ``dvc.lock``, no
-    ``corpus`` entry).
+    which ``dvc_data_hashes`` leaves out. A Hugging Face hub dataset has no local data (DVC watches its
+    loader, ``src/aiayn/data/hub.py``): the stage's snapshot of it, ``artifacts/corpus``, with the resolved
+    revision in its ``SOURCE.json``. None before the corpus stage has run (no ``dvc.lock``, no ``corpus`` entry).
 
     Raises:
         ValueError: ``dvc.lock`` is not valid YAML or not shaped like a lock file; the message names it.
     """
     root = Path(project_root)
-    stage = _lock_stages(root).get("corpus")
-    for entry in _entries(root / "dvc.lock", (stage or {}).get("deps"), "stages.corpus.deps"):
+    stage = _lock_stages(root).get("corpus") or {}
+    for entry in _entries(root / "dvc.lock", stage.get("deps"), "stages.corpus.deps"):
         path = entry.get("path")
         if not isinstance(path, str) or "://" in path:
             continue
         path = path if posixpath.isabs(path) else _local_path("", path)
         if path and not is_code_path(path):
+            return CorpusInput(path, dvc_out_hash(entry))
+    for entry in _entries(root / "dvc.lock", stage.get("outs"), "stages.corpus.outs"):  # no local data: a hub
+        if path := _local_path("", entry.get("path")):  # dataset (DVC watches its loader); the snapshot it made
             return CorpusInput(path, dvc_out_hash(entry))
     return None
 
