@@ -12,7 +12,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-
 from aiayn.lineage import corpus_input, data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
