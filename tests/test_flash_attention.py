@@ -252,13 +252,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 import aiayn.kernels.flash_attention as _  # noqa: F401
 fa = sys.modules["aiayn.kernels.flash_attention"]
+fk = sys.modules["aiayn.kernels.flash_kernels"]
 assert not fa.INTERPRETED
 ptxas = sys.argv[1]
 results = []
 for fn, cfg, bf16_ptrs in [
-    (fa._attn_fwd, fa._FWD_CONFIGS[0], ["Q", "K", "V", "Out"]),
-    (fa._attn_bwd_dkdv, fa._DKDV_CONFIGS[0], ["Q", "K", "V", "DO", "DK", "DV"]),
-    (fa._attn_bwd_dq, fa._DQ_CONFIGS[0], ["Q", "K", "V", "DO", "DQ"]),
+    (fk._attn_fwd, fa._FWD_CONFIGS[0], ["Q", "K", "V", "Out"]),
+    (fk._attn_bwd_dkdv, fa._DKDV_CONFIGS[0], ["Q", "K", "V", "DO", "DK", "DV"]),
+    (fk._attn_bwd_dq, fa._DQ_CONFIGS[0], ["Q", "K", "V", "DO", "DQ"]),
 ]:
     constexprs = dict(HEAD_DIM=128, IS_CAUSAL=True, HAS_KEY_LENGTHS=True, DOT_PRECISION=None, **cfg.kwargs)
     # Like a real launch: int arguments equal to 1 (the last-dim strides) become constexprs;
