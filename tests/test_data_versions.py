@@ -86,7 +86,9 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
     dependency in ``dvc.lock``), for MLflow's ``data.version``, the model card and the pipeline report. DVC
     records a corpus outside the project by its absolute path and hash, which the old rules dropped:
     ``data.version`` fell back to ``data.dvc``'s Multi30k (README: "your files may live anywhere"), the card
-    listed no corpus and the report listed Multi30k. An absolute path inside the project DVC records relative."""
+    listed no corpus and the report listed Multi30k. An absolute path inside the project DVC records relative;
+    a relative one outside it (``../srv/mine``) DVC keeps as written, and it is named by its absolute path
+    (it was named by the stage's snapshot, ``artifacts/corpus``, not by the path the user gave)."""
     from dvc.repo import Repo
 
     from aiayn.lineage import corpus_input
@@ -102,7 +104,8 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
     shutil.copy(REPO / "data.dvc", root / "data.dvc")
     multi30k_md5 = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]["md5"]
     monkeypatch.chdir(root)
-    for corpus, recorded in ((elsewhere, elsewhere.as_posix()), (root / "corpora" / "mine", "corpora/mine")):
+    for corpus, recorded in ((elsewhere, elsewhere.as_posix()), (root / "corpora" / "mine", "corpora/mine"),
+                             ("../srv/mine", elsewhere.as_posix())):
         (root / "dvc.yaml").write_text(f"stages:\n  corpus:\n    cmd: cp {corpus}/train.en copy.txt\n"
                                        f"    deps: [{corpus}, src/aiayn/stages/corpus.py]\n    outs: [copy.txt]\n")
         (root / "src" / "aiayn" / "stages").mkdir(parents=True, exist_ok=True)

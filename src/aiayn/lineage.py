@@ -120,8 +120,8 @@ def corpus_input(project_root: str | Path) -> CorpusInput | None:
 
     The one rule for "which corpus" (MLflow's ``data.version``, the model card's data hashes, the pipeline
     report's data line). DVC writes a path inside the project relative to it however ``data.corpus.path``
-    gave it, and keeps the absolute path and hash of a corpus outside the project (``/srv/corpora/mine``),
-    which ``dvc_data_hashes`` leaves out. A Hugging Face hub dataset has no local data (DVC watches its
+    gave it, and keeps the path and hash of a corpus outside the project as written (``/srv/corpora/mine``,
+    ``../mine``, named here by its absolute path), which ``dvc_data_hashes`` leaves out. A Hugging Face hub dataset has no local data (DVC watches its
     loader, ``src/aiayn/data/hub.py``): the stage's snapshot of it, ``artifacts/corpus``, with the resolved
     revision in its ``SOURCE.json``. None before the corpus stage has run (no ``dvc.lock``, no ``corpus`` entry).
 
@@ -134,7 +134,8 @@ def corpus_input(project_root: str | Path) -> CorpusInput | None:
         path = entry.get("path")
         if not isinstance(path, str) or "://" in path:
             continue
-        path = path if posixpath.isabs(path) else _local_path("", path)
+        if not posixpath.isabs(path):  # inside the project, or outside it as written (``../corpus``): absolute
+            path = _local_path("", path) or posixpath.normpath(posixpath.join(root.absolute().as_posix(), path))
         if path and not is_code_path(path):
             return CorpusInput(path, dvc_out_hash(entry))
     for entry in _entries(root / "dvc.lock", stage.get("outs"), "stages.corpus.outs"):  # no local data: a hub
