@@ -246,67 +246,28 @@ def test_launcher_rejects_bad_input(args, kwargs, match):
 # Runs in a fresh process with TRITON_INTERPRET=0: a process that decorated kernels for the
 # interpreter cannot also compile them (triton.language's own helpers are interpreted there).
 _AOT_COMPILE_SCRIPT = r"""
-import json, os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler.compiler import ASTSource
-import aiayn.kernels.flash_attention as _  # noqa: F401
-fa = sys.modules["aiayn.kernels.flash_attention"]
-fk = sys.modules["aiayn.kernels.flash_kernels"]
-assert not fa.INTERPRETED
-ptxas = sys.argv[1]
+import json
+from aiayn.kernels.aot import compile_kernel, ptxas_usage
 results = []
-for fn, cfg, bf16_ptrs in [
-    (fk._attn_fwd, fa._FWD_CONFIGS[0], ["Q", "K", "V", "Out"]),
-    (fk._attn_bwd_dkdv, fa._DKDV_CONFIGS[0], ["Q", "K", "V", "DO", "DK", "DV"]),
-    (fk._attn_bwd_dq, fa._DQ_CONFIGS[0], ["Q", "K", "V", "DO", "DQ"]),
-]:
-    constexprs = dict(HEAD_DIM=128, IS_CAUSAL=True, HAS_KEY_LENGTHS=True, DOT_PRECISION=None, **cfg.kwargs)
-    # Like a real launch: int arguments equal to 1 (the last-dim strides) become constexprs;
-    # pointers and the other strides are known multiples of 16.
-    constexprs.update({n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("k")})
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in bf16_ptrs:
-            signature[name] = "*bf16"
-        elif name in ("LSE", "Delta"):
-            signature[name] = "*fp32"
-        elif name == "KeyLengths":
-            signature[name] = "*i32"
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-        if signature[name].startswith("*") or name.startswith("stride_"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(kernel.asm["ptx"])
-    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                            capture_output=True, text=True, check=True).stderr
-    os.unlink(f.name)
-    results.append(dict(kernel=fn.__name__, config=str(cfg), shared=kernel.metadata.shared,
-                        registers=[int(n) for n in re.findall(r"Used (\d+) registers", report)],
-                        spill_stores=[int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]))
+for name in ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):
+    kernel = compile_kernel(name, causal=True, key_lengths=True, head_dim=128, arch=90)
+    results.append(dict(kernel=name, config=kernel.config, shared=kernel.shared, **ptxas_usage(kernel.ptx, 90)))
 print(json.dumps(results))
 """
 
 
 def test_kernels_compile_for_hopper_without_spills():
     """The interpreter accepts code the compiler rejects. Compile the default (first) configs for
-    sm_90 (H100/H200) with the ptxas bundled in the triton wheel — bf16, head_dim 128, causal +
-    key_lengths, the largest variant — and check shared memory (<= 227 KiB) and register spills."""
+    sm_90 (H100/H200) with the ptxas bundled in the triton wheel (``aiayn.kernels.aot``) — bf16,
+    head_dim 128, causal + key_lengths, the largest variant — and check shared memory (<= 227 KiB)
+    and register spills."""
     import triton
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):
         pytest.skip(f"no ptxas in the triton wheel at {ptxas}")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", _AOT_COMPILE_SCRIPT, ptxas], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _AOT_COMPILE_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, f"compiling for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -314,6 +275,21 @@ def test_kernels_compile_for_hopper_without_spills():
     for r in results:
         assert r["shared"] <= 227 * 1024, f"{r['kernel']} {r['config']}: {r['shared']} bytes of shared memory"
         assert r["spill_stores"] and max(r["spill_stores"]) == 0, f"{r['kernel']} {r['config']}: spills {r}"
+
+
+def test_ptx_code_drops_only_what_moving_the_source_changes():
+    """``ptx_code`` (benchmarks/kernel_ptx.py's comparison) keeps every instruction and drops the DWARF
+    section, ``.loc``/``.file`` lines and comments: two PTX texts that differ only there compare equal,
+    and one changed instruction does not."""
+    from aiayn.kernels.aot import ptx_code
+
+    def ptx(source: str, line: int) -> str:
+        return (f"// generated from {source}\n\t.file\t1 \"/src/{source}\"\n\t.loc\t1 {line} 5\n"
+                f"\tadd.s32 \t%r1, %r2, %r3;\n\t.section\t.debug_info\n\t{{\n.b8 {line}\n\t}}\n")
+
+    a, b = ptx("flash_attention.py", 52), ptx("flash_kernels.py", 12)
+    assert a != b and ptx_code(a) == ptx_code(b) == "\tadd.s32 \t%r1, %r2, %r3;"
+    assert ptx_code(a.replace("add.s32", "sub.s32")) != ptx_code(a)
 
 
 # --------------------------------------------------------------------------- GPU (compiled kernels)
