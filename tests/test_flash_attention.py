@@ -278,17 +278,18 @@ def test_kernels_compile_for_hopper_without_spills():
 
 
 def test_ptx_code_drops_only_what_moving_the_source_changes():
-    """``ptx_code`` (benchmarks/kernel_ptx.py's comparison) keeps every instruction and drops the DWARF
-    section, ``.loc``/``.file`` lines and comments: two PTX texts that differ only there compare equal,
-    and one changed instruction does not."""
+    """``ptx_code`` (benchmarks/kernel_ptx.py's comparison) keeps every instruction and branch label and
+    drops the DWARF section, ``.loc``/``.file`` lines, comments and the inlined-call labels: two PTX texts
+    that differ only there compare equal, and one changed instruction does not."""
     from aiayn.kernels.aot import ptx_code
 
-    def ptx(source: str, line: int) -> str:
+    def ptx(source: str, line: int, inlined: bool = False) -> str:
         return (f"// generated from {source}\n\t.file\t1 \"/src/{source}\"\n\t.loc\t1 {line} 5\n"
-                f"\tadd.s32 \t%r1, %r2, %r3;\n\t.section\t.debug_info\n\t{{\n.b8 {line}\n\t}}\n")
+                + ("$L__tmp1:\n" if inlined else "") + "\tadd.s32 \t%r1, %r2, %r3;\n$L__BB0_2:\n"
+                f"\t.section\t.debug_info\n\t{{\n.b8 {line}\n\t}}\n")
 
-    a, b = ptx("flash_attention.py", 52), ptx("flash_kernels.py", 12)
-    assert a != b and ptx_code(a) == ptx_code(b) == "\tadd.s32 \t%r1, %r2, %r3;"
+    a, b = ptx("flash_attention.py", 52), ptx("flash_kernels.py", 12, inlined=True)
+    assert a != b and ptx_code(a) == ptx_code(b) == "\tadd.s32 \t%r1, %r2, %r3;\n$L__BB0_2:"
     assert ptx_code(a.replace("add.s32", "sub.s32")) != ptx_code(a)
 
 

@@ -112,6 +112,12 @@ def ptxas_usage(ptx: str, arch: int = 90) -> dict[str, list[int]]:
 
 def ptx_code(ptx: str) -> str:
     """The PTX without what a move of the Python source changes and the machine code does not: the DWARF
-    debug section (file names, line numbers) and the ``.loc``/``.file`` directives and comments."""
+    debug section (file names, line numbers), the ``.loc``/``.file`` directives, comments, and the
+    ``$L__tmpN:`` labels that mark inlined calls for that section (never branch targets: those are
+    ``$L__BB...``), so a helper ``@triton.jit`` function the compiler inlines compares equal to its body."""
     code = re.split(r"^\s*\.section\s+\.debug", ptx, maxsplit=1, flags=re.M)[0]
-    return "\n".join(line for line in code.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
+    return "\n".join(line for line in code.splitlines()
+                     if not line.strip().startswith((".loc", ".file", "//")) and not _DEBUG_LABEL.match(line))
+
+
+_DEBUG_LABEL = re.compile(r"^\$L__tmp\d+:\s*$")

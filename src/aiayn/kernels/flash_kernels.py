@@ -35,6 +35,24 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+# --------------------------------------------------------------------------- shared by the kernels (inlined)
+
+
+@triton.jit
+def _head_base(Ptr, off_z, off_h, stride_z, stride_h):
+    """Pointer to the (T, head_dim) slice of batch row ``off_z``, head ``off_h`` (int64 offsets)."""
+    return Ptr + off_z.to(tl.int64) * stride_z + off_h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def _key_count(KeyLengths, off_z, k_len, HAS_KEY_LENGTHS: tl.constexpr):
+    """Keys batch row ``off_z`` may attend to: ``min(key_lengths[off_z], Tk)``, or ``Tk`` without them."""
+    kv_len = k_len
+    if HAS_KEY_LENGTHS:
+        kv_len = tl.minimum(tl.load(KeyLengths + off_z).to(tl.int32), k_len)
+    return kv_len
+
+
 # --------------------------------------------------------------------------- forward
 
 
@@ -100,14 +118,12 @@ def _attn_fwd(
     off_hz = tl.program_id(1)
     off_z = off_hz // n_heads
     off_h = off_hz % n_heads
-    q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    o_base = Out + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    q_base = _head_base(Q, off_z, off_h, stride_qz, stride_qh)
+    k_base = _head_base(K, off_z, off_h, stride_kz, stride_kh)
+    v_base = _head_base(V, off_z, off_h, stride_vz, stride_vh)
+    o_base = _head_base(Out, off_z, off_h, stride_oz, stride_oh)
 
-    kv_len = k_len
-    if HAS_KEY_LENGTHS:
-        kv_len = tl.minimum(tl.load(KeyLengths + off_z).to(tl.int32), k_len)
+    kv_len = _key_count(KeyLengths, off_z, k_len, HAS_KEY_LENGTHS)
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
     offs_n = tl.arange(0, BLOCK_N)
@@ -167,9 +183,8 @@ def _attn_bwd_preprocess(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < q_len
-    o_ptrs = Out + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh \
-        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
-    do_ptrs = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh \
+    o_ptrs = _head_base(Out, off_z, off_h, stride_oz, stride_oh) + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
+    do_ptrs = _head_base(DO, off_z, off_h, stride_doz, stride_doh) \
         + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dok
     o = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
     do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
@@ -226,16 +241,14 @@ def _attn_bwd_dkdv(
     off_hz = tl.program_id(1)
     off_z = off_hz // n_heads
     off_h = off_hz % n_heads
-    q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    do_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
+    q_base = _head_base(Q, off_z, off_h, stride_qz, stride_qh)
+    k_base = _head_base(K, off_z, off_h, stride_kz, stride_kh)
+    v_base = _head_base(V, off_z, off_h, stride_vz, stride_vh)
+    do_base = _head_base(DO, off_z, off_h, stride_doz, stride_doh)
     lse_base = LSE + off_hz.to(tl.int64) * q_len
     delta_base = Delta + off_hz.to(tl.int64) * q_len
 
-    kv_len = k_len
-    if HAS_KEY_LENGTHS:
-        kv_len = tl.minimum(tl.load(KeyLengths + off_z).to(tl.int32), k_len)
+    kv_len = _key_count(KeyLengths, off_z, k_len, HAS_KEY_LENGTHS)
 
     offs_n = start_n + tl.arange(0, BLOCK_N1)  # (BLOCK_N1,) key positions
     offs_d = tl.arange(0, HEAD_DIM)
@@ -329,14 +342,12 @@ def _attn_bwd_dq(
     off_hz = tl.program_id(1)
     off_z = off_hz // n_heads
     off_h = off_hz % n_heads
-    q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    do_base = DO + off_z.to(tl.int64) * stride_doz + off_h.to(tl.int64) * stride_doh
+    q_base = _head_base(Q, off_z, off_h, stride_qz, stride_qh)
+    k_base = _head_base(K, off_z, off_h, stride_kz, stride_kh)
+    v_base = _head_base(V, off_z, off_h, stride_vz, stride_vh)
+    do_base = _head_base(DO, off_z, off_h, stride_doz, stride_doh)
 
-    kv_len = k_len
-    if HAS_KEY_LENGTHS:
-        kv_len = tl.minimum(tl.load(KeyLengths + off_z).to(tl.int32), k_len)
+    kv_len = _key_count(KeyLengths, off_z, k_len, HAS_KEY_LENGTHS)
 
     offs_m = start_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)  # (BLOCK_M2,) query positions
     offs_n = tl.arange(0, BLOCK_N2)
