@@ -24,7 +24,11 @@ import torch
 # Must be set before any @triton.jit runs: the interpreter on CPU-only machines, compiled kernels on CUDA.
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # what every aiayn process sets where it starts (aiayn.settings)
+# What every aiayn process sets where it starts, before its first torch op (OMP_WAIT_POLICY, and
+# ATEN_CPU_CAPABILITY=avx2 on a CPU with AVX2): the stage processes the tests start compute as they do.
+from aiayn.settings import apply_process_defaults  # noqa: E402
+
+apply_process_defaults()
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

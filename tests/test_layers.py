@@ -151,6 +151,38 @@ def test_the_entry_points_set_the_process_defaults():
     assert out.stdout.split()[-3:] == ["PASSIVE", "1", "false"]
 
 
+def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
+    """``ATEN_CPU_CAPABILITY=avx2`` where the CPU has AVX2 and FMA, so a stage sums in the same order on
+    AVX2 and AVX-512 hosts and gives the same bytes (docs/benchmarks.md); never set without AVX2 (PyTorch
+    would run instructions the CPU lacks); the user's value wins. A stage process on this host runs
+    PyTorch's AVX2 kernels (on an AVX-512 host it ran the AVX-512 ones before)."""
+    import os
+    from unittest import mock
+
+    from aiayn.host import host_info
+    from aiayn.settings import apply_process_defaults
+
+    for isa, expected in ((("avx2", "fma", "avx512f"), "avx2"), (("avx2", "fma"), "avx2"), (("avx2",), None),
+                          ((), None)):
+        with mock.patch.dict(os.environ, {}, clear=True):
+            apply_process_defaults(isa)
+            assert os.environ.get("ATEN_CPU_CAPABILITY") == expected, isa
+            assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    with mock.patch.dict(os.environ, {"ATEN_CPU_CAPABILITY": "avx512"}, clear=True):
+        apply_process_defaults(("avx2", "fma", "avx512f"))
+        assert os.environ["ATEN_CPU_CAPABILITY"] == "avx512"
+
+    if not {"avx2", "fma"} <= set(host_info(probe=False).isa):
+        pytest.skip("this CPU has no AVX2: PyTorch picks its own kernels here")
+    code = ("from pipelines import stage\n"
+            "try:\n    stage.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "import torch\nprint(torch.backends.cpu.get_cpu_capability())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_bare_env(), capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "AVX2"
+
+
 def test_python_m_aiayn_lists_the_monitor_commands():
     out = subprocess.run([sys.executable, "-m", "aiayn", "--help"], cwd=REPO, env=_bare_env() | {"COLUMNS": "200"},
                          capture_output=True, text=True, timeout=120)

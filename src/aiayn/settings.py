@@ -11,8 +11,8 @@ Two ``AIAYN_*`` variables are not read by any Python code and have no field:
 the MinIO service account that MLflow and the Prefect worker use).
 
 Importing ``aiayn`` changes nothing in the environment. ``apply_process_defaults`` sets the process
-defaults (``PROCESS_ENV_DEFAULTS``, a value the user set wins); the entry points call it before
-anything loads torch: ``aiayn`` (``aiayn.cli.main``, ``python -m aiayn``) and the ``pipelines``
+defaults (``PROCESS_ENV_DEFAULTS`` and, on a CPU with AVX2, ``CPU_CAPABILITY_DEFAULT``; a value the
+user set wins); the entry points call it before anything loads torch: ``aiayn`` (``aiayn.cli.main``, ``python -m aiayn``) and the ``pipelines``
 mains and flow modules.
 """
 
@@ -27,6 +27,7 @@ __all__ = [
     "Settings",
     "apply_process_defaults",
     "PROCESS_ENV_DEFAULTS",
+    "CPU_CAPABILITY_DEFAULT",
     "TRACKING_ENV",
     "PARENT_RUN_ENV",
     "REGISTERED_MODEL_ENV",
@@ -79,11 +80,26 @@ TEST_DISTRIBUTED_ENV = "AIAYN_TEST_DISTRIBUTED"
 #: (docs/benchmarks.md, ``benchmarks/contention.py``). Speed only, never results; no effect once
 #: torch has loaded its OpenMP runtime.
 PROCESS_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: Set too where the CPU has AVX2 and FMA (every x86 host this project has seen): PyTorch's
+#: vectorised CPU kernels (softmax, layer norm, elementwise ops, reductions) take their AVX2 versions
+#: on AVX-512 hosts as well, where PyTorch would pick AVX-512 and sum in another order. With MKL's
+#: fp32 GEMM, which takes one code path on AMD hosts with and without AVX-512 (measured), a run gives
+#: the same bytes on both (docs/benchmarks.md, "The same bytes on AVX2 and AVX-512 hosts"). Results,
+#: not only speed. Never set where the CPU lacks AVX2 (PyTorch would run instructions it has not);
+#: ``ATEN_CPU_CAPABILITY=avx512`` (or ``default``) set by the user wins.
+CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2"}
 
 
-def apply_process_defaults() -> None:
-    """Set ``PROCESS_ENV_DEFAULTS`` in ``os.environ`` (a value already set wins)."""
-    for key, value in PROCESS_ENV_DEFAULTS.items():
+def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
+    """Set ``PROCESS_ENV_DEFAULTS``, and ``CPU_CAPABILITY_DEFAULT`` when ``isa`` (default: this host's
+    flags, ``aiayn.host``) has ``avx2`` and ``fma``, in ``os.environ`` (a value already set wins).
+    Call it before the process runs its first PyTorch CPU op: PyTorch fixes its kernels then."""
+    from aiayn.host import host_info
+
+    defaults = dict(PROCESS_ENV_DEFAULTS)
+    if {"avx2", "fma"} <= set(host_info(probe=False).isa if isa is None else isa):
+        defaults |= CPU_CAPABILITY_DEFAULT
+    for key, value in defaults.items():
         os.environ.setdefault(key, value)
 
 
