@@ -1,0 +1,76 @@
+"""Do PyTorch's CPU kernels change a training run's bytes on this host? One row per kernel set.
+
+    python benchmarks/isa_bytes.py [--steps 10] [--rounds 2]
+
+Trains a small Transformer (``aiayn.model``: d_model 128, 4 heads, 2+2 layers, dropout 0.1) for
+``--steps`` Adam updates on seeded random tokens, 2 threads, in a fresh process per row and round,
+with ``ATEN_CPU_CAPABILITY`` unset (PyTorch's own choice for this CPU), ``avx2`` and, where the CPU
+has AVX-512, ``avx512``. Prints the kernels each process ran, the last loss, the sha256 of the weights
+(first 16 hex digits) and the seconds per row. Rows that share a hash compute the same bytes; rounds
+repeat each row to show a row is deterministic. ``aiayn`` pins ``avx2`` wherever the CPU has it
+(``aiayn.settings.CPU_CAPABILITY_DEFAULT``), so AVX2 and AVX-512 hosts train the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+_TRAIN = r"""
+import hashlib, sys, torch
+from aiayn.config import ModelConfig
+from aiayn.model.transformer import Transformer
+steps = int(sys.argv[1])
+torch.set_num_threads(2)
+torch.manual_seed(0)
+model = Transformer(ModelConfig(vocab_size=1000, d_model=128, n_heads=4, d_ff=256, n_layers=2, dropout=0.1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(1)
+for _ in range(steps):
+    src, tgt = torch.randint(4, 1000, (16, 30), generator=g), torch.randint(4, 1000, (16, 31), generator=g)
+    logits = model(src, tgt[:, :-1])  # (16, 30, 1000)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1000), tgt[:, 1:].reshape(-1), label_smoothing=0.1)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+print(torch.backends.cpu.get_cpu_capability(), f"{loss.item():.7f}", digest[:16])
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="Adam updates per run (default 10)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each row, alternating (default 2)")
+    args = ap.parse_args()
+    from aiayn.host import host_info
+
+    info = host_info()
+    rows = [None, "avx2"] + (["avx512"] if "avx512f" in info.isa else [])
+    results: dict[str | None, list[tuple[str, str, str, float]]] = {row: [] for row in rows}
+    for _ in range(args.rounds):
+        for row in rows:
+            env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+            if row:
+                env["ATEN_CPU_CAPABILITY"] = row
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-c", _TRAIN, str(args.steps)], env=env, capture_output=True,
+                                 text=True, check=True).stdout.split()
+            results[row].append((*out[-3:], time.perf_counter() - t0))
+    print(f"{args.steps} Adam steps, 2 threads, seeded; one fresh process per run\n")
+    print("| ATEN_CPU_CAPABILITY | kernels run | last loss | sha256 of the weights | runs agree | s per run |")
+    print("|---|---|---:|---|---|---:|")
+    for row, runs in results.items():
+        kernels, loss, digest, _ = runs[0]
+        agree = "yes" if len({r[2] for r in runs}) == 1 else "**no**"
+        seconds = sorted(r[3] for r in runs)[len(runs) // 2]
+        print(f"| {row or 'unset (PyTorch picks)'} | {kernels} | {loss} | {digest} | {agree} | {seconds:.1f} |")
+    print(f"\n{info.line()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
