@@ -6,7 +6,7 @@ Trains a small Transformer (``aiayn.model``: d_model 128, 4 heads, 2+2 layers, d
 ``--steps`` Adam updates on seeded random tokens, 2 threads, in a fresh process per row and round,
 with ``ATEN_CPU_CAPABILITY`` unset (PyTorch's own choice for this CPU), ``avx2`` and, where the CPU
 has AVX-512, ``avx512``. Prints the kernels each process ran, the last loss, the sha256 of the weights
-(first 16 hex digits) and the seconds per row. Rows that share a hash compute the same bytes; rounds
+(first 16 hex digits) and the seconds of the training loop (median over rounds, min-max). Rows that share a hash compute the same bytes; rounds
 repeat each row to show a row is deterministic. ``aiayn`` pins ``avx2`` wherever the CPU has it
 (``aiayn.settings.CPU_CAPABILITY_DEFAULT``), so AVX2 and AVX-512 hosts train the same bytes.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
-import time
 
 _TRAIN = r"""
-import hashlib, sys, torch
+import hashlib, sys, time, torch
 from aiayn.config import ModelConfig
 from aiayn.model.transformer import Transformer
 steps = int(sys.argv[1])
@@ -29,6 +29,7 @@ torch.manual_seed(0)
 model = Transformer(ModelConfig(vocab_size=1000, d_model=128, n_heads=4, d_ff=256, n_layers=2, dropout=0.1))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(1)
+t0 = time.perf_counter()
 for _ in range(steps):
     src, tgt = torch.randint(4, 1000, (16, 30), generator=g), torch.randint(4, 1000, (16, 31), generator=g)
     logits = model(src, tgt[:, :-1])  # (16, 30, 1000)
@@ -36,8 +37,9 @@ for _ in range(steps):
     opt.zero_grad()
     loss.backward()
     opt.step()
+seconds = time.perf_counter() - t0
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-print(torch.backends.cpu.get_cpu_capability(), f"{loss.item():.7f}", digest[:16])
+print(torch.backends.cpu.get_cpu_capability(), f"{loss.item():.7f}", digest[:16], f"{seconds:.3f}")
 """
 
 
@@ -56,18 +58,18 @@ def main() -> int:
             env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
             if row:
                 env["ATEN_CPU_CAPABILITY"] = row
-            t0 = time.perf_counter()
             out = subprocess.run([sys.executable, "-c", _TRAIN, str(args.steps)], env=env, capture_output=True,
                                  text=True, check=True).stdout.split()
-            results[row].append((*out[-3:], time.perf_counter() - t0))
+            results[row].append((out[-4], out[-3], out[-2], float(out[-1])))
     print(f"{args.steps} Adam steps, 2 threads, seeded; one fresh process per run\n")
-    print("| ATEN_CPU_CAPABILITY | kernels run | last loss | sha256 of the weights | runs agree | s per run |")
+    print("| ATEN_CPU_CAPABILITY | kernels run | last loss | sha256 of the weights | runs agree | training s (median, min-max) |")
     print("|---|---|---:|---|---|---:|")
     for row, runs in results.items():
         kernels, loss, digest, _ = runs[0]
         agree = "yes" if len({r[2] for r in runs}) == 1 else "**no**"
-        seconds = sorted(r[3] for r in runs)[len(runs) // 2]
-        print(f"| {row or 'unset (PyTorch picks)'} | {kernels} | {loss} | {digest} | {agree} | {seconds:.1f} |")
+        seconds = [r[3] for r in runs]
+        print(f"| {row or 'unset (PyTorch picks)'} | {kernels} | {loss} | {digest} | {agree} | "
+              f"{statistics.median(seconds):.2f} ({min(seconds):.2f}-{max(seconds):.2f}) |")
     print(f"\n{info.line()}")
     return 0
 
