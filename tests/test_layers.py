@@ -171,6 +171,13 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
     with mock.patch.dict(os.environ, {"ATEN_CPU_CAPABILITY": "avx512"}, clear=True):
         apply_process_defaults(("avx2", "fma", "avx512f"))
         assert os.environ["ATEN_CPU_CAPABILITY"] == "avx512"
+        assert os.path.basename(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == "aten-avx512"
+    with mock.patch.dict(os.environ, {}, clear=True):  # one Inductor cache per kernel set (see the next test)
+        apply_process_defaults(())
+        assert os.path.basename(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == "aten-native"
+    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": "/srv/cache"}, clear=True):
+        apply_process_defaults(("avx2", "fma"))
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/srv/cache"
 
     if not {"avx2", "fma"} <= set(host_info(probe=False).isa):
         pytest.skip("this CPU has no AVX2: PyTorch picks its own kernels here")
@@ -181,6 +188,41 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
                          timeout=180)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "AVX2"
+
+
+_COMPILED_EQUALS_EAGER = r"""
+import torch
+from aiayn.settings import apply_process_defaults
+apply_process_defaults()
+torch.manual_seed(0)
+x, norm = torch.randn(8, 37, 32), torch.nn.LayerNorm(32)
+def f(x):
+    y = norm(x)
+    return torch.softmax(y @ y.transpose(1, 2) / 5.0, -1).sum(), torch.relu(y).mean()
+eager, compiled = f(x), torch.compile(f, dynamic=True)(x)
+print(torch.backends.cpu.get_cpu_capability(), all(torch.allclose(a, b, rtol=1e-5) for a, b in zip(eager, compiled)))
+"""
+
+
+@pytest.mark.slow
+def test_a_compiled_run_after_one_under_other_cpu_kernels_computes_the_same(tmp_path):
+    """torch 2.13's Inductor cache reuses kernels compiled for another ``ATEN_CPU_CAPABILITY``'s vector
+    width: a ``train.compile`` run on an AVX-512 host after one with the other kernels computed wrong sums
+    and NaN (CI, after the avx2 default; fresh caches gave the right values). ``apply_process_defaults``
+    gives each capability its own cache folder. Two processes share one temporary folder (TMPDIR): the
+    first runs AVX-512 kernels, the second the default."""
+    from aiayn.host import host_info
+
+    if "avx512f" not in host_info(probe=False).isa:
+        pytest.skip("needs an AVX-512 host: two kernel sets to switch between")
+    env = _bare_env() | {"TMPDIR": str(tmp_path)}
+    lines = []
+    for extra in ({"ATEN_CPU_CAPABILITY": "avx512"}, {}):
+        out = subprocess.run([sys.executable, "-c", _COMPILED_EQUALS_EAGER], cwd=REPO, env=env | extra,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines.append(out.stdout.split()[-2:])
+    assert lines == [["AVX512", "True"], ["AVX2", "True"]]
 
 
 def test_python_m_aiayn_lists_the_monitor_commands():

@@ -18,7 +18,10 @@ mains and flow modules.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +96,12 @@ CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2"}
 def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
     """Set ``PROCESS_ENV_DEFAULTS``, and ``CPU_CAPABILITY_DEFAULT`` when ``isa`` (default: this host's
     flags, ``aiayn.host``) has ``avx2`` and ``fma``, in ``os.environ`` (a value already set wins).
-    Call it before the process runs its first PyTorch CPU op: PyTorch fixes its kernels then."""
+    Call it before the process runs its first PyTorch CPU op: PyTorch fixes its kernels then.
+
+    Also ``TORCHINDUCTOR_CACHE_DIR`` (unless set): Inductor's default folder with one subfolder per
+    ``ATEN_CPU_CAPABILITY`` value (``aten-avx2``, ``aten-native`` when unset). Inductor's cache reuses
+    kernels compiled for another capability's vector width (torch 2.13: a ``train.compile`` run
+    after one under the other capability computed NaN and wrong sums), so each gets its own."""
     from aiayn.host import host_info
 
     defaults = dict(PROCESS_ENV_DEFAULTS)
@@ -101,6 +109,18 @@ def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
         defaults |= CPU_CAPABILITY_DEFAULT
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    capability = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_inductor_default_dir(), f"aten-{capability}"))
+
+
+def _inductor_default_dir() -> str:
+    """Inductor's own default cache folder (``torch._inductor.runtime.cache_dir_utils.default_cache_dir``),
+    computed without importing torch: ``<tmp>/torchinductor_<user>``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def _optional(environ: Mapping[str, str], name: str) -> str | None:
