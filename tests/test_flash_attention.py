@@ -261,9 +261,9 @@ def test_kernels_compile_for_hopper_without_spills():
     sm_90 (H100/H200) with the ptxas bundled in the triton wheel (``aiayn.kernels.aot``) — bf16,
     head_dim 128, causal + key_lengths, the largest variant — and check shared memory (<= 227 KiB)
     and register spills."""
-    import triton
+    from aiayn.kernels.aot import ptxas_path
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = ptxas_path()
     if not os.path.exists(ptxas):
         pytest.skip(f"no ptxas in the triton wheel at {ptxas}")
     env = dict(os.environ, TRITON_INTERPRET="0")
