@@ -165,3 +165,89 @@ def test_a_hub_dataset_is_named_by_the_snapshot_the_corpus_stage_made(tmp_path):
         "    outs:\n    - path: artifacts/corpus\n      hash: md5\n      md5: 9999cccc.dir\n")
     assert corpus_input(tmp_path) == ("artifacts/corpus", "9999cccc.dir")
     assert lineage_tags(tmp_path)["data.version"] == "9999cccc.dir"
+
+
+def test_dvc_hash_is_what_dvc_repro_records(tmp_path, monkeypatch):
+    """``aiayn.lineage.dvc_hash`` (a file's MD5, a folder's ``.dir`` manifest hash) equals the hashes a real
+    ``dvc repro`` writes into ``dvc.lock``, for a nested folder, a file and a dependency outside the project; and
+    ``stage_paths`` reads the stage's data paths, its ``${...}`` template filled from ``params.yaml``."""
+    from dvc.repo import Repo
+
+    from aiayn.lineage import dvc_hash, stage_paths
+
+    root, outside = tmp_path / "project", tmp_path / "mine"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "train.en").write_text("a dog runs\n")
+    (outside / "sub" / "b.de").write_bytes("ein Hund läuft\r\n".encode())
+    root.mkdir()
+    (root / "params.yaml").write_text(f"data:\n  corpus:\n    path: {outside}\n")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  copy:\n    cmd: mkdir -p out/deep && cp -r ${data.corpus.path}/* out/deep/ && cp"
+        " ${data.corpus.path}/train.en one.txt && echo x > out/z.txt\n"
+        "    deps:\n    - ${data.corpus.path}\n    - src/code.py\n    outs: [out]\n    metrics:\n    - one.txt:\n"
+        "        cache: false\n")
+    (root / "src").mkdir()
+    (root / "src" / "code.py").write_text("x = 1\n")
+    monkeypatch.chdir(root)
+    with Repo.init(str(root), no_scm=True, force=True) as repo:
+        repo.reproduce()
+    lock = {e["path"]: e["md5"] for key in ("deps", "outs")
+            for e in yaml.safe_load((root / "dvc.lock").read_text())["stages"]["copy"][key]}
+    assert stage_paths(root, "copy") == ((outside.as_posix(),), ("out", "one.txt"))
+    assert stage_paths(root, "nope") is None
+    for path in (outside.as_posix(), "out", "one.txt"):
+        assert dvc_hash(root / path) == lock[path], path
+    assert lock["out"].endswith(".dir") and dvc_hash(root / "absent") is None
+
+
+def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(tmp_path, monkeypatch):
+    """``dvc.lock`` holds a stage's own entry, and every later stage's, from the run before until DVC rewrites it
+    after the stage: a stage run that read its tags from the lock when it started named the previous model as
+    its own output (``train`` run, ``data_hash.artifacts/model``), and every later stage's old outputs. Now a
+    stage run names what it read (hashed when it starts) and what it wrote (when it ends), the pipeline run gets
+    the fresh hashes, and the corpus stage's run names the corpus it read, not the lock's previous one."""
+    from mlflow import MlflowClient
+
+    from aiayn.lineage import dvc_hash
+    from aiayn.tracking import Tracker
+
+    for var in ("AIAYN_PARENT_RUN_ID", "AIAYN_TRACKING", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+    root, uri = tmp_path / "project", f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    for rel in ("corpora/mine/train.en", "artifacts/corpus/train.en", "artifacts/prepared/train.en"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"old {rel}\n")
+    (root / "params.yaml").write_text("data:\n  corpus:\n    path: corpora/mine\n")
+    stage = "  {}:\n    cmd: x\n    deps:\n    - {}\n    - src/aiayn/stages/{}.py\n    outs: [artifacts/{}]\n"
+    (root / "dvc.yaml").write_text("stages:\n" + stage.format("corpus", "${data.corpus.path}", "corpus", "corpus")
+                                   + stage.format("prepare", "artifacts/corpus", "prepare", "prepared")
+                                   + stage.format("train", "artifacts/prepared", "train", "model"))
+    entry = "  {}:\n    cmd: x\n    deps:\n    - path: {}\n      md5: {}\n    outs:\n    - path: artifacts/{}\n      md5: {}\n"
+    (root / "dvc.lock").write_text("schema: '2.0'\nstages:\n"  # the run before's lock: every hash stale
+                                   + entry.format("corpus", "corpora/mine", "1111old.dir", "corpus", "2222old.dir")
+                                   + entry.format("prepare", "artifacts/corpus", "2222old.dir", "prepared", "3333old.dir")
+                                   + entry.format("train", "artifacts/prepared", "3333old.dir", "model", "4444old.dir"))
+    client = MlflowClient(tracking_uri=uri)
+
+    def run(name: str, out: str) -> tuple[dict, dict]:
+        with Tracker(name, project_root=root, tracking_uri=uri) as t:
+            (root / "artifacts" / out).mkdir(parents=True, exist_ok=True)
+            (root / "artifacts" / out / "train.en").write_text(f"new {out}\n")
+            ids = t.run_id, t.parent_run_id
+        return client.get_run(ids[0]).data.tags, client.get_run(ids[1]).data.tags
+
+    own, parent = run("corpus", "corpus")
+    assert own["data.version"] == parent["data.version"] == dvc_hash(root / "corpora/mine") != "1111old.dir"
+    assert own["data_hash.artifacts/corpus"] == parent["data_hash.artifacts/corpus"] == dvc_hash(root / "artifacts/corpus")
+    assert "data_hash.artifacts/prepared" not in own and "data_hash.artifacts/model" not in own  # later stages'
+    own, parent = run("prepare", "prepared")
+    assert own["data_hash.artifacts/corpus"] == dvc_hash(root / "artifacts/corpus") != "2222old.dir"
+    assert own["data_hash.artifacts/prepared"] == parent["data_hash.artifacts/prepared"] == dvc_hash(
+        root / "artifacts/prepared") != "3333old.dir"
+    assert "data_hash.artifacts/model" not in own
+    own, parent = run("train", "model")
+    assert own["data_hash.artifacts/model"] == parent["data_hash.artifacts/model"] == dvc_hash(root / "artifacts/model")
+    assert own["data_hash.artifacts/model"] != "4444old.dir"
+    hashes = Path(client.download_artifacts(client.get_run(own["mlflow.parentRunId"]).info.run_id,
+                                            "lineage/dvc_hashes.json", str(tmp_path)))
+    assert "4444old.dir" not in hashes.read_text() and dvc_hash(root / "artifacts/model") in hashes.read_text()

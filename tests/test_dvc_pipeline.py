@@ -162,7 +162,11 @@ def test_mlflow_recorded_the_pipeline_run(project):
     smoke = yaml.safe_load((REPO / "configs" / "smoke.yaml").read_text())["train"]
     assert [m.step for m in history] == list(range(smoke["log_every"], smoke["max_steps"] + 1, smoke["log_every"]))
     assert "test_2016_flickr.bleu" in eval_run.data.metrics
-    assert any(k.startswith("data_hash.") for k in train_run.data.tags)
+    # a stage run names what it read and wrote (the lock held neither when it started), no later stage's output
+    tags = train_run.data.tags
+    assert tags["data_hash.artifacts/model"] == lock_out_md5(project["root"], "train", "artifacts/model")
+    assert tags["data_hash.artifacts/tokenized"] == lock_out_md5(project["root"], "tokenize", "artifacts/tokenized")
+    assert "data_hash.artifacts/eval" not in tags and "data_hash.artifacts/export" not in tags
     # the export stage registered the bundle; equal-BLEU reruns moved the champion alias (tie rule)
     champion = client.get_model_version_by_alias("aiayn-en-de", "champion")
     bundle = json.loads((project["root"] / "artifacts/export/bundle.json").read_text())

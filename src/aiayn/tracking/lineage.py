@@ -12,10 +12,23 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from aiayn.lineage import corpus_input, data_version, dvc_data_hashes, dvc_file_outs, dvc_out_hash, file_md5, git_commit, is_code_path
+from aiayn.lineage import (
+    CORPUS_STAGE,
+    corpus_input,
+    data_version,
+    dvc_data_hashes,
+    dvc_file_outs,
+    dvc_hash,
+    dvc_out_hash,
+    file_md5,
+    git_commit,
+    is_code_path,
+    stage_paths,
+)
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
-__all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes", "corpus_version"]
+__all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes", "corpus_version", "stage_data", "stage_tags",
+           "hash_tags"]
 
 log = logging.getLogger("aiayn.tracking")
 
@@ -80,18 +93,59 @@ def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> di
     of the corpus the run read: ``corpus_version``) and one ``data_hash.<path>`` per data path of ``hashes`` (default ``lineage_hashes``): the
     corpus and the stages' outputs, not the code files (the git commit covers those; every hash is in the
     ``lineage/dvc_hashes.json`` artifact)."""
+    hashes = lineage_hashes(project_root) if hashes is None else hashes
+    tags = _run_tags(project_root)
+    if version := corpus_version(project_root, hashes):
+        tags["data.version"] = version
+    return {**tags, **hash_tags(hashes)}
+
+
+def _run_tags(project_root: Path) -> dict[str, str]:
     tags = git_tags(project_root)
     if os.environ.get("DVC_EXP_NAME"):  # set by DVC for queued / temp experiments
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
-    hashes = lineage_hashes(project_root) if hashes is None else hashes
-    if version := corpus_version(project_root, hashes):
-        tags["data.version"] = version
-    for path, h in hashes.items():
-        if is_code_path(path):
-            continue
-        key = BAD_KEY_CHARS.sub("_", f"data_hash.{path}")[:MAX_KEY_LEN]
-        tags[key] = h
     return tags
+
+
+def hash_tags(hashes: dict[str, str]) -> dict[str, str]:
+    """One ``data_hash.<path>`` tag per data path of ``hashes`` (code paths left out)."""
+    return {BAD_KEY_CHARS.sub("_", f"data_hash.{path}")[:MAX_KEY_LEN]: h
+            for path, h in hashes.items() if not is_code_path(path)}
+
+
+def stage_data(project_root: Path, stage: str, *, side: str) -> dict[str, str] | None:
+    """``{path: DVC hash}`` of what ``dvc.yaml``'s ``stage`` reads (``side="deps"``, taken when it starts) or wrote
+    (``side="outs"``, when it ends), hashed from the files (``aiayn.lineage.dvc_hash``), since ``dvc.lock`` holds the
+    run before's hashes of a stage's own entry until DVC rewrites it after the stage; a path a ``*.dvc`` file
+    records (DVC's current record of it) is taken from there. Missing paths are left out. None when ``dvc.yaml``
+    does not define the stage, or cannot be read (one warning)."""
+    try:
+        paths = stage_paths(project_root, stage)
+    except ValueError as e:
+        log.warning("no stage data hashes: %s", e)
+        return None
+    if paths is None:
+        return None
+    recorded = {} if side == "outs" else {str(e.get("path")): dvc_out_hash(e)
+                                          for _, e in dvc_file_outs(project_root, strict=False)}
+    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p) for p in getattr(paths, side)}
+    return {p: h for p, h in found.items() if h}
+
+
+def stage_tags(project_root: Path, stage: str, reads: dict[str, str]) -> dict[str, str]:
+    """The lineage tags of a stage's own run when it starts: ``git_tags``, ``dvc.exp_name``, ``data.version`` and a
+    ``data_hash.<path>`` for each path it reads (``reads``: ``stage_data(..., side="deps")``). Never the hashes of
+    what it writes or of later stages' outputs: ``dvc.lock`` holds the run before's until each stage ends
+    (``stage_data(..., side="outs")`` tags its outputs then). ``data.version``: the corpus stage's run names the
+    corpus it reads, hashed now (the lock's entry is the run before's); every later stage's, ``corpus_version``."""
+    tags = _run_tags(project_root)
+    if stage == CORPUS_STAGE:
+        version = next(iter(reads.values()), None)  # none for a hub dataset: its snapshot, when the stage ends
+    else:
+        version = corpus_version(project_root, lineage_hashes(project_root))
+    if version:
+        tags["data.version"] = version
+    return {**tags, **hash_tags(reads)}
 
 
 def corpus_version(project_root: Path, hashes: dict[str, str]) -> str | None:

@@ -32,7 +32,8 @@ from typing import Any
 from aiayn.io import atomic_write_json
 from aiayn.recording import StageRecord, check_dir, check_file, check_key, check_metrics, check_params
 from aiayn.settings import Settings
-from aiayn.tracking.lineage import dvc_datasets, lineage_hashes, lineage_tags
+from aiayn.lineage import CORPUS_STAGE
+from aiayn.tracking.lineage import dvc_datasets, hash_tags, lineage_hashes, lineage_tags, stage_data, stage_tags
 from aiayn.tracking.parent import DESCRIPTION_TAG, STATE_FILE, describe_pipeline, finish_parent, resolve_parent
 from aiayn.tracking.registry import register_translation, register_transformers
 from aiayn.tracking.store import (
@@ -143,6 +144,7 @@ class Tracker:
         self._run_id: str | None = None
         self._parent_run_id: str | None = None
         self._owns_parent = False
+        self._dvc_stage = False
         self._parent_params: set[str] = set()
         self._params: dict[str, str] = {}
         self._buffer: list[Any] = []  # (run id, mlflow.entities.Metric)
@@ -252,7 +254,9 @@ class Tracker:
             tags={"mlflow.parentRunId": self._parent_run_id, "aiayn.stage": self.stage, "aiayn.kind": "stage"},
         )
         self._run_id = run.info.run_id
-        self._set_tags(self._run_id, tags)
+        reads = stage_data(self.project_root, self.stage, side="deps")
+        self._dvc_stage = reads is not None  # a dvc.yaml stage: its run's hashes are its own reads and writes
+        self._set_tags(self._run_id, tags if reads is None else stage_tags(self.project_root, self.stage, reads))
         self._log_datasets()
         self._log_hashes(hashes)
         if state is not None:
@@ -274,6 +278,20 @@ class Tracker:
         for run_id in (self._parent_run_id, self._run_id):
             self._set_tags(run_id, tags)
         self._log_hashes(hashes)
+
+    def _tag_writes(self) -> None:
+        """Tag this run and the pipeline run with the DVC hashes of what the stage wrote (``stage_data``), which
+        ``dvc.lock`` records only after the stage ends, and log them into ``lineage/dvc_hashes.json``. The corpus
+        stage also gives the pipeline run its data version (the corpus it read, or, for a hub dataset with no local
+        data, its snapshot)."""
+        wrote = stage_data(self.project_root, self.stage, side="outs") or {}
+        tags = hash_tags(wrote)
+        if self.stage == CORPUS_STAGE:  # the run's data version, for the pipeline run too (its tag is the lock's)
+            read = self._client.get_run(self._run_id).data.tags.get("data.version")
+            tags["data.version"] = read or next(iter(wrote.values()), "")
+        for run_id in (self._run_id, self._parent_run_id):
+            self._set_tags(run_id, {k: v for k, v in tags.items() if v})
+        self._log_hashes({**lineage_hashes(self.project_root), **wrote})
 
     def _log_datasets(self) -> None:
         """Log the record's datasets (``lineage.dvc_datasets``) as dataset inputs of the child and the
@@ -341,6 +359,8 @@ class Tracker:
         return False  # never swallow the caller's exception
 
     def _finish(self, status: str) -> None:
+        if status == "FINISHED" and self._dvc_stage:
+            self._tag_writes()
         self._describe_parent()
         self._client.set_terminated(self._run_id, status=status)
         if self._owns_parent:
