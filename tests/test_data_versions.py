@@ -251,3 +251,27 @@ def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(t
     hashes = Path(client.download_artifacts(client.get_run(own["mlflow.parentRunId"]).info.run_id,
                                             "lineage/dvc_hashes.json", str(tmp_path)))
     assert "4444old.dir" not in hashes.read_text() and dvc_hash(root / "artifacts/model") in hashes.read_text()
+
+
+def test_the_model_card_names_the_data_on_disk_not_a_stale_lock(tmp_path):
+    """The export stage's model card (``_data_hashes``) read ``dvc.lock``, which is a run behind whenever stages run
+    outside DVC (``aiayn prepare`` ... ``aiayn export``, README "one stage"): in a fresh clone the committed lock named
+    the main job's Multi30k data for a model made from a corpus of one's own. Now it hashes what is on disk."""
+    from aiayn.lineage import dvc_hash
+    from aiayn.stages import Layout
+    from aiayn.stages.export import _data_hashes
+
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in ("dvc.yaml", "dvc.lock"):  # the project's pipeline, and its lock from the main job's run
+        shutil.copy(REPO / name, root / name)
+    for rel in ("corpora/mine/train.en", "artifacts/corpus/train.en", "artifacts/prepared/train.en",
+                "artifacts/tokenized/train.ids"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"made here: {rel}\n")
+    (root / "params.yaml").write_text("data:\n  corpus:\n    path: corpora/mine\n")
+    stale = {e["md5"] for st in yaml.safe_load((root / "dvc.lock").read_text())["stages"].values()
+             for key in ("deps", "outs") for e in st.get(key, [])}
+    card = _data_hashes(Layout(root))
+    assert list(card) == ["corpora/mine", "artifacts/corpus", "artifacts/prepared", "artifacts/tokenized"]
+    assert all(card[p] == dvc_hash(root / p) for p in card) and not set(card.values()) & stale

@@ -20,7 +20,7 @@ import yaml
 
 __all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "PIPELINE_WRITES",
            "is_code_path", "data_version", "CorpusInput", "corpus_input", "dvc_hash", "StagePaths", "stage_paths",
-           "CORPUS_STAGE"]
+           "CORPUS_STAGE", "current_hashes"]
 
 #: The stage that reads the raw corpus (``dvc.yaml``); its data dependency is the run's data version.
 CORPUS_STAGE = "corpus"
@@ -223,7 +223,7 @@ def dvc_hash(path: str | Path) -> str | None:
     ``[{"md5": ..., "relpath": ...}]`` of every file under it sorted by ``relpath`` (dvc-data's
     ``Tree.as_bytes``; checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
 
-    Cost: one read of every byte (MD5 at ~0.5 GB/s). ``.dvcignore`` patterns are not applied: the project's
+    Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``.dvcignore`` patterns are not applied: the project's
     own (bytecode caches) never match a stage's data.
     """
     p = Path(path)
@@ -234,6 +234,20 @@ def dvc_hash(path: str | Path) -> str | None:
     files = sorted((f.relative_to(p).as_posix(), f) for f in p.rglob("*") if f.is_file())
     entries = [{"md5": file_md5(f), "relpath": rel} for rel, f in files]
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"  # noqa: S324
+
+
+def current_hashes(project_root: str | Path, paths: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``{path: DVC hash}`` of each path (``stage_paths``' form) as it is now: a top-level ``*.dvc`` file's record of it
+    (DVC's own, current record: ``data.dvc``'s Multi30k), else hashed from the files (``dvc_hash``). ``dvc.lock`` is
+    not read: it holds a stage's hashes from that stage's last ``dvc repro``, not what ``aiayn <stage>`` or a
+    running stage has written since. Paths that do not exist are left out.
+
+    Raises:
+        ValueError: a ``*.dvc`` file is not valid YAML (``dvc_file_outs``).
+    """
+    recorded = {str(e.get("path")): dvc_out_hash(e) for _, e in dvc_file_outs(project_root, strict=True)}
+    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p) for p in paths}
+    return {p: h for p, h in found.items() if h}
 
 
 class StagePaths(NamedTuple):

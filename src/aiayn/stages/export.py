@@ -28,7 +28,7 @@ from aiayn.config import DataConfig, Params, corpus_identity, registered_model_n
 from aiayn.decoders import DecodeOptions
 from aiayn.exitcodes import training_was_cut
 from aiayn.export import build_bundle, register_bundle
-from aiayn.lineage import corpus_input, dvc_data_hashes, git_commit
+from aiayn.lineage import CORPUS_STAGE, current_hashes, git_commit, stage_paths
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.settings import Settings
 from aiayn.stages import Layout
@@ -185,11 +185,15 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
 
 
 def _data_hashes(layout: Layout) -> dict[str, str]:
-    """The DVC hashes of the data this model was made from: the corpus the ``corpus`` stage read
-    (``aiayn.lineage.corpus_input``: ``data/multi30k``, or a corpus of one's own, inside the project or not)
-    and the three stages' outputs after it."""
+    """The DVC hashes of the data this model was made from, as they are now (``aiayn.lineage.current_hashes``): the
+    corpus the ``corpus`` stage reads (its data dependency in ``dvc.yaml``: ``data/multi30k``, or a corpus of one's
+    own, inside the project or not) and the three stages' outputs after it. Under ``dvc repro`` these are
+    ``dvc.lock``'s; after ``aiayn <stage>`` runs outside DVC the lock is a run behind (a fresh clone's names the main
+    job's data), the files are not.
+
+    Raises:
+        ValueError: ``dvc.yaml``, ``params.yaml`` or a ``*.dvc`` file is not valid YAML.
+    """
+    corpus = stage_paths(layout.root, CORPUS_STAGE)
     keys = ("artifacts/corpus", "artifacts/prepared", "artifacts/tokenized")
-    hashes = dvc_data_hashes(layout.root)
-    corpus = corpus_input(layout.root)
-    first = {corpus.path: corpus.md5} if corpus and corpus.md5 else {}
-    return first | {k: hashes[k] for k in keys if k in hashes}
+    return current_hashes(layout.root, [*(corpus.deps[:1] if corpus else ()), *keys])

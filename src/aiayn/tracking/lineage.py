@@ -17,8 +17,8 @@ from aiayn.lineage import (
     corpus_input,
     data_version,
     dvc_data_hashes,
+    current_hashes,
     dvc_file_outs,
-    dvc_hash,
     dvc_out_hash,
     file_md5,
     git_commit,
@@ -115,21 +115,15 @@ def hash_tags(hashes: dict[str, str]) -> dict[str, str]:
 
 def stage_data(project_root: Path, stage: str, *, side: str) -> dict[str, str] | None:
     """``{path: DVC hash}`` of what ``dvc.yaml``'s ``stage`` reads (``side="deps"``, taken when it starts) or wrote
-    (``side="outs"``, when it ends), hashed from the files (``aiayn.lineage.dvc_hash``), since ``dvc.lock`` holds the
-    run before's hashes of a stage's own entry until DVC rewrites it after the stage; a path a ``*.dvc`` file
-    records (DVC's current record of it) is taken from there. Missing paths are left out. None when ``dvc.yaml``
-    does not define the stage, or cannot be read (one warning)."""
+    (``side="outs"``, when it ends), as they are then (``aiayn.lineage.current_hashes``): ``dvc.lock`` holds the run
+    before's hashes of a stage's own entry until DVC rewrites it after the stage. None when ``dvc.yaml`` does not
+    define the stage, or it or a ``*.dvc`` file cannot be read (one warning)."""
     try:
         paths = stage_paths(project_root, stage)
+        return None if paths is None else current_hashes(project_root, getattr(paths, side))
     except ValueError as e:
         log.warning("no stage data hashes: %s", e)
         return None
-    if paths is None:
-        return None
-    recorded = {} if side == "outs" else {str(e.get("path")): dvc_out_hash(e)
-                                          for _, e in dvc_file_outs(project_root, strict=False)}
-    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p) for p in getattr(paths, side)}
-    return {p: h for p, h in found.items() if h}
 
 
 def stage_tags(project_root: Path, stage: str, reads: dict[str, str]) -> dict[str, str]:
