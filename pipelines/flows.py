@@ -165,7 +165,7 @@ def run_stage(stage: str, params: Params, layout: Layout) -> dict:
     from aiayn.tracking import MlflowRecorder
 
     module = importlib.import_module(stage_module(stage))
-    recorder = MlflowRecorder(layout.root, settings=Settings.from_env())
+    recorder = MlflowRecorder(layout.root, settings=Settings.from_env(), params=params.model_dump(mode="json"))
     try:
         with stage_logs_to_prefect():
             summary = module.run(params, layout, recorder=recorder)

@@ -91,6 +91,7 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
     (it was named by the stage's snapshot, ``artifacts/corpus``, not by the path the user gave)."""
     from dvc.repo import Repo
 
+    from aiayn.config import load_params
     from aiayn.lineage import corpus_input
     from aiayn.stages import Layout
     from aiayn.stages.export import _data_hashes
@@ -116,7 +117,7 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
                   if not d["path"].endswith(".py")]
         assert corpus_input(root) == (recorded, dep["md5"]) and dep["md5"] != multi30k_md5
         assert lineage_tags(root)["data.version"] == dep["md5"]
-        assert _data_hashes(Layout(root)) == {recorded: dep["md5"]}
+        assert _data_hashes(Layout(root), load_params(REPO / "params.yaml")) == {recorded: dep["md5"]}
         report = render_report(metrics=None, scores=None, data_hashes={"data/multi30k": multi30k_md5},
                                mlflow_link=None, ran=[], push=None, corpus=corpus_input(root))
         assert f"- data `{recorded}` (the corpus this run read): md5 `{dep['md5']}`" in report
@@ -195,6 +196,8 @@ def test_dvc_hash_is_what_dvc_repro_records(tmp_path, monkeypatch):
             for e in yaml.safe_load((root / "dvc.lock").read_text())["stages"]["copy"][key]}
     assert stage_paths(root, "copy") == ((outside.as_posix(),), ("out", "one.txt"))
     assert stage_paths(root, "nope") is None
+    assert stage_paths(root, "copy", {"data": {"corpus": {"path": "/srv/else"}}}).deps == ("/srv/else",)  # its config
+    assert stage_paths(root, "copy", {"data": {}}).deps == ()  # a template its config does not fill: left out
     for path in (outside.as_posix(), "out", "one.txt"):
         assert dvc_hash(root / path) == lock[path], path
     assert lock["out"].endswith(".dir") and dvc_hash(root / "absent") is None
@@ -229,13 +232,17 @@ def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(t
                                    + entry.format("train", "artifacts/prepared", "3333old.dir", "model", "4444old.dir"))
     client = MlflowClient(tracking_uri=uri)
 
-    def run(name: str, out: str) -> tuple[dict, dict]:
-        with Tracker(name, project_root=root, tracking_uri=uri) as t:
+    def run(name: str, out: str, params: dict | None = None) -> tuple[dict, dict]:
+        with Tracker(name, project_root=root, tracking_uri=uri, params=params) as t:
             (root / "artifacts" / out).mkdir(parents=True, exist_ok=True)
             (root / "artifacts" / out / "train.en").write_text(f"new {out}\n")
             ids = t.run_id, t.parent_run_id
         return client.get_run(ids[0]).data.tags, client.get_run(ids[1]).data.tags
 
+    (root / "corpora" / "theirs").mkdir()
+    (root / "corpora" / "theirs" / "train.en").write_text("another corpus\n")
+    own, _ = run("corpus", "corpus", {"data": {"corpus": {"path": "corpora/theirs"}}})  # aiayn corpus --params F
+    assert own["data.version"] == own["data_hash.corpora/theirs"] == dvc_hash(root / "corpora/theirs")
     own, parent = run("corpus", "corpus")
     assert own["data.version"] == parent["data.version"] == dvc_hash(root / "corpora/mine") != "1111old.dir"
     assert own["data_hash.artifacts/corpus"] == parent["data_hash.artifacts/corpus"] == dvc_hash(root / "artifacts/corpus")
@@ -256,7 +263,9 @@ def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(t
 def test_the_model_card_names_the_data_on_disk_not_a_stale_lock(tmp_path):
     """The export stage's model card (``_data_hashes``) read ``dvc.lock``, which is a run behind whenever stages run
     outside DVC (``aiayn prepare`` ... ``aiayn export``, README "one stage"): in a fresh clone the committed lock named
-    the main job's Multi30k data for a model made from a corpus of one's own. Now it hashes what is on disk."""
+    the main job's Multi30k data for a model made from a corpus of one's own. Now it hashes what is on disk, and
+    names the corpus of the config the stage ran with (``--params mine.yaml``), not ``params.yaml``'s."""
+    from aiayn.config import Params, load_params
     from aiayn.lineage import dvc_hash
     from aiayn.stages import Layout
     from aiayn.stages.export import _data_hashes
@@ -269,9 +278,11 @@ def test_the_model_card_names_the_data_on_disk_not_a_stale_lock(tmp_path):
                 "artifacts/tokenized/train.ids"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(f"made here: {rel}\n")
-    (root / "params.yaml").write_text("data:\n  corpus:\n    path: corpora/mine\n")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")  # data/multi30k
+    mine = load_params(REPO / "params.yaml").model_dump(mode="json")
+    mine["data"]["corpus"]["path"] = "corpora/mine"
     stale = {e["md5"] for st in yaml.safe_load((root / "dvc.lock").read_text())["stages"].values()
              for key in ("deps", "outs") for e in st.get(key, [])}
-    card = _data_hashes(Layout(root))
+    card = _data_hashes(Layout(root), Params.model_validate(mine))
     assert list(card) == ["corpora/mine", "artifacts/corpus", "artifacts/prepared", "artifacts/tokenized"]
     assert all(card[p] == dvc_hash(root / p) for p in card) and not set(card.values()) & stale

@@ -80,7 +80,8 @@ def run_stage(module: str, params_path: Path, root: Path) -> dict:
 
     params = load_checked(params_path, root)  # every cross-field problem (`aiayn check`), before the stage does anything
     stage = importlib.import_module(module)
-    return stage.run(params, Layout(root), recorder=MlflowRecorder(root, settings=Settings.from_env()))
+    recorder = MlflowRecorder(root, settings=Settings.from_env(), params=params.model_dump(mode="json"))
+    return stage.run(params, Layout(root), recorder=recorder)
 
 
 def stage_command(name: str, module: str, doc: str) -> Callable[..., None]:

@@ -223,8 +223,8 @@ def dvc_hash(path: str | Path) -> str | None:
     ``[{"md5": ..., "relpath": ...}]`` of every file under it sorted by ``relpath`` (dvc-data's
     ``Tree.as_bytes``; checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
 
-    Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``.dvcignore`` patterns are not applied: the project's
-    own (bytecode caches) never match a stage's data.
+    Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``.dvcignore``
+    patterns are not applied: the project's own (bytecode caches) never match a stage's data.
     """
     p = Path(path)
     if p.is_file():
@@ -260,9 +260,10 @@ class StagePaths(NamedTuple):
 _TEMPLATE = re.compile(r"\$\{\s*([\w.-]+)\s*\}")
 
 
-def stage_paths(project_root: str | Path, stage: str) -> StagePaths | None:
-    """What ``dvc.yaml``'s ``stage`` reads and writes, its ``${a.b}`` templates filled from ``params.yaml`` (DVC's
-    default params file); a path with a template that file does not fill is left out. None when there is no
+def stage_paths(project_root: str | Path, stage: str, params: Mapping[str, Any] | None = None) -> StagePaths | None:
+    """What ``dvc.yaml``'s ``stage`` reads and writes, its ``${a.b}`` templates filled from ``params`` (the config the
+    stage runs with: ``aiayn <stage> --params FILE`` need not be ``params.yaml``) or, without it, from ``params.yaml``
+    (what ``dvc repro`` fills them from); a path with a template they do not fill is left out. None when there is no
     ``dvc.yaml`` or it has no such stage.
 
     Raises:
@@ -274,12 +275,12 @@ def stage_paths(project_root: str | Path, stage: str) -> StagePaths | None:
     spec = stages.get(stage) if isinstance(stages, Mapping) else None
     if not isinstance(spec, Mapping):
         return None
-    params: list[Any] = []  # params.yaml, read on the first template
+    given: list[Any] = [] if params is None else [params]  # else params.yaml, read on the first template
 
     def fill(match: re.Match[str]) -> str:
-        if not params:
-            params.append(_load_yaml(root / "params.yaml") if (root / "params.yaml").is_file() else {})
-        value: Any = params[0]
+        if not given:
+            given.append(_load_yaml(root / "params.yaml") if (root / "params.yaml").is_file() else {})
+        value: Any = given[0]
         for key in match.group(1).split("."):
             value = value.get(key) if isinstance(value, Mapping) else None
         if value is None or isinstance(value, (Mapping, list)):

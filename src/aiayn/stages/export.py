@@ -143,7 +143,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
-                       "data_hashes": _data_hashes(layout)},
+                       "data_hashes": _data_hashes(layout, params)},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
         # (nor is the export block: it says which formats are written, not how the model was made)
@@ -184,16 +184,16 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
             "hf_marian": None if hf_dir is None else str(hf_dir)}
 
 
-def _data_hashes(layout: Layout) -> dict[str, str]:
+def _data_hashes(layout: Layout, params: Params) -> dict[str, str]:
     """The DVC hashes of the data this model was made from, as they are now (``aiayn.lineage.current_hashes``): the
-    corpus the ``corpus`` stage reads (its data dependency in ``dvc.yaml``: ``data/multi30k``, or a corpus of one's
-    own, inside the project or not) and the three stages' outputs after it. Under ``dvc repro`` these are
-    ``dvc.lock``'s; after ``aiayn <stage>`` runs outside DVC the lock is a run behind (a fresh clone's names the main
-    job's data), the files are not.
+    corpus the ``corpus`` stage reads (its data dependency in ``dvc.yaml``, filled from ``params``: ``data/multi30k``,
+    or a corpus of one's own, inside the project or not) and the three stages' outputs after it. Under ``dvc repro``
+    these are ``dvc.lock``'s; after ``aiayn <stage>`` runs outside DVC the lock is a run behind (a fresh clone's
+    names the main job's data), the files are not.
 
     Raises:
-        ValueError: ``dvc.yaml``, ``params.yaml`` or a ``*.dvc`` file is not valid YAML.
+        ValueError: ``dvc.yaml`` or a ``*.dvc`` file is not valid YAML.
     """
-    corpus = stage_paths(layout.root, CORPUS_STAGE)
+    corpus = stage_paths(layout.root, CORPUS_STAGE, params.model_dump(mode="json"))
     keys = ("artifacts/corpus", "artifacts/prepared", "artifacts/tokenized")
     return current_hashes(layout.root, [*(corpus.deps[:1] if corpus else ()), *keys])

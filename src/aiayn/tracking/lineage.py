@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from aiayn.lineage import (
     CORPUS_STAGE,
@@ -113,13 +114,15 @@ def hash_tags(hashes: dict[str, str]) -> dict[str, str]:
             for path, h in hashes.items() if not is_code_path(path)}
 
 
-def stage_data(project_root: Path, stage: str, *, side: str) -> dict[str, str] | None:
+def stage_data(project_root: Path, stage: str, *, side: str,
+               params: Mapping[str, Any] | None = None) -> dict[str, str] | None:
     """``{path: DVC hash}`` of what ``dvc.yaml``'s ``stage`` reads (``side="deps"``, taken when it starts) or wrote
     (``side="outs"``, when it ends), as they are then (``aiayn.lineage.current_hashes``): ``dvc.lock`` holds the run
-    before's hashes of a stage's own entry until DVC rewrites it after the stage. None when ``dvc.yaml`` does not
+    before's hashes of a stage's own entry until DVC rewrites it after the stage. ``params``: the stage's config, which
+    fills ``dvc.yaml``'s templates (``aiayn.lineage.stage_paths``). None when ``dvc.yaml`` does not
     define the stage, or it or a ``*.dvc`` file cannot be read (one warning)."""
     try:
-        paths = stage_paths(project_root, stage)
+        paths = stage_paths(project_root, stage, params)
         return None if paths is None else current_hashes(project_root, getattr(paths, side))
     except ValueError as e:
         log.warning("no stage data hashes: %s", e)

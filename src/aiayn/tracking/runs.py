@@ -65,12 +65,15 @@ class MlflowRecorder:
 
     Built where a stage is started (``aiayn <stage>``, the Prefect stage flows) and handed to the
     stage's ``run``. The arguments are ``Tracker``'s; ``settings`` (default: read from the
-    environment when a run starts) gives ``AIAYN_TRACKING`` and ``AIAYN_PARENT_RUN_ID``.
+    environment when a run starts) gives ``AIAYN_TRACKING`` and ``AIAYN_PARENT_RUN_ID``; ``params`` is the
+    config the stage runs with (``aiayn <stage> --params FILE``, the flows' ``Params``).
     """
 
     def __init__(self, project_root: str | Path, *, experiment: str = "aiayn", tracking_uri: str | None = None,
-                 enabled: bool = True, settings: Settings | None = None) -> None:
+                 enabled: bool = True, settings: Settings | None = None,
+                 params: Mapping[str, Any] | None = None) -> None:
         self.project_root = Path(project_root)
+        self.params = params
         self.experiment = experiment
         self.tracking_uri = tracking_uri
         self.enabled = enabled
@@ -79,7 +82,7 @@ class MlflowRecorder:
     def start(self, record: StageRecord) -> Tracker:
         """A ``Tracker`` for ``record`` (its run starts when the ``with`` block is entered)."""
         return Tracker(record, project_root=self.project_root, experiment=self.experiment,
-                       tracking_uri=self.tracking_uri, enabled=self.enabled, settings=self.settings)
+                       tracking_uri=self.tracking_uri, enabled=self.enabled, settings=self.settings, params=self.params)
 
 
 class Tracker:
@@ -105,6 +108,8 @@ class Tracker:
         flush_seconds: seconds since the last flush that trigger a flush (checked
             on each ``log_metrics`` call; there is no background thread).
         settings: the environment's settings (default: read now).
+        params: the config the stage runs with (``Params.model_dump(mode="json")``): it fills ``dvc.yaml``'s
+            templates when the run is tagged with what the stage read and wrote (default: ``params.yaml``'s).
 
     Raises:
         ValueError: an invalid stage name, ``flush_every`` < 1 or ``flush_seconds`` < 0.
@@ -122,6 +127,7 @@ class Tracker:
         flush_every: int = 50,
         flush_seconds: float = 10.0,
         settings: Settings | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> None:
         self.record = record if isinstance(record, StageRecord) else StageRecord(record)
         if flush_every < 1 or flush_seconds < 0:
@@ -132,6 +138,7 @@ class Tracker:
         self.tracking_uri = resolve_tracking_uri(self.project_root, tracking_uri)
         self._enabled = tracking_enabled(enabled, settings)
         self._settings = settings
+        self._stage_params = params
         self._end_pipeline = self.record.ends_pipeline if end_pipeline is None else end_pipeline
         self._headline = re.compile(self.record.headline_metrics) if self.record.headline_metrics else None
         self._headline_tags = re.compile(self.record.headline_tags) if self.record.headline_tags else None
@@ -254,7 +261,7 @@ class Tracker:
             tags={"mlflow.parentRunId": self._parent_run_id, "aiayn.stage": self.stage, "aiayn.kind": "stage"},
         )
         self._run_id = run.info.run_id
-        reads = stage_data(self.project_root, self.stage, side="deps")
+        reads = stage_data(self.project_root, self.stage, side="deps", params=self._stage_params)
         self._dvc_stage = reads is not None  # a dvc.yaml stage: its run's hashes are its own reads and writes
         self._set_tags(self._run_id, tags if reads is None else stage_tags(self.project_root, self.stage, reads))
         self._log_datasets()
@@ -284,7 +291,7 @@ class Tracker:
         ``dvc.lock`` records only after the stage ends, and log them into ``lineage/dvc_hashes.json``. The corpus
         stage also gives the pipeline run its data version (the corpus it read, or, for a hub dataset with no local
         data, its snapshot)."""
-        wrote = stage_data(self.project_root, self.stage, side="outs") or {}
+        wrote = stage_data(self.project_root, self.stage, side="outs", params=self._stage_params) or {}
         tags = hash_tags(wrote)
         if self.stage == CORPUS_STAGE:  # the run's data version, for the pipeline run too (its tag is the lock's)
             read = self._client.get_run(self._run_id).data.tags.get("data.version")
