@@ -208,7 +208,9 @@ def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(t
     after the stage: a stage run that read its tags from the lock when it started named the previous model as
     its own output (``train`` run, ``data_hash.artifacts/model``), and every later stage's old outputs. Now a
     stage run names what it read (hashed when it starts) and what it wrote (when it ends), the pipeline run gets
-    the fresh hashes, and the corpus stage's run names the corpus it read, not the lock's previous one."""
+    those and none of the lock's, and ``data.version`` is the corpus the stage's config names, hashed now. The lock
+    here stands for both cases where it is stale: the stage's own entry under ``dvc repro``, and every entry after
+    ``aiayn <stage>`` runs outside DVC (``--params FILE``: the run of ``corpora/theirs`` below)."""
     from mlflow import MlflowClient
 
     from aiayn.lineage import dvc_hash
@@ -248,6 +250,8 @@ def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(t
     assert own["data_hash.artifacts/corpus"] == parent["data_hash.artifacts/corpus"] == dvc_hash(root / "artifacts/corpus")
     assert "data_hash.artifacts/prepared" not in own and "data_hash.artifacts/model" not in own  # later stages'
     own, parent = run("prepare", "prepared")
+    assert own["data.version"] == parent["data.version"] == dvc_hash(root / "corpora/mine")  # not the lock's
+    assert not {"1111old.dir", "2222old.dir", "3333old.dir", "4444old.dir"} & set(parent.values())  # the lock's
     assert own["data_hash.artifacts/corpus"] == dvc_hash(root / "artifacts/corpus") != "2222old.dir"
     assert own["data_hash.artifacts/prepared"] == parent["data_hash.artifacts/prepared"] == dvc_hash(
         root / "artifacts/prepared") != "3333old.dir"

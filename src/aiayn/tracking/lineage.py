@@ -29,7 +29,7 @@ from aiayn.lineage import (
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
 __all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes", "corpus_version", "stage_data", "stage_tags",
-           "hash_tags"]
+           "hash_tags", "current_data_version"]
 
 log = logging.getLogger("aiayn.tracking")
 
@@ -129,20 +129,33 @@ def stage_data(project_root: Path, stage: str, *, side: str,
         return None
 
 
-def stage_tags(project_root: Path, stage: str, reads: dict[str, str]) -> dict[str, str]:
-    """The lineage tags of a stage's own run when it starts: ``git_tags``, ``dvc.exp_name``, ``data.version`` and a
-    ``data_hash.<path>`` for each path it reads (``reads``: ``stage_data(..., side="deps")``). Never the hashes of
-    what it writes or of later stages' outputs: ``dvc.lock`` holds the run before's until each stage ends
-    (``stage_data(..., side="outs")`` tags its outputs then). ``data.version``: the corpus stage's run names the
-    corpus it reads, hashed now (the lock's entry is the run before's); every later stage's, ``corpus_version``."""
+def stage_tags(project_root: Path, stage: str, reads: dict[str, str],
+               params: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The lineage tags of a stage's own run when it starts: ``git_tags``, ``dvc.exp_name``, ``data.version``
+    (``current_data_version``) and a ``data_hash.<path>`` for each path it reads (``reads``: ``stage_data(...,
+    side="deps")``). Never the hashes of what it writes or of later stages' outputs, which ``dvc.lock`` holds from
+    the run before (``stage_data(..., side="outs")`` tags its outputs when it ends). ``params``: the stage's config."""
     tags = _run_tags(project_root)
-    if stage == CORPUS_STAGE:
-        version = next(iter(reads.values()), None)  # none for a hub dataset: its snapshot, when the stage ends
-    else:
-        version = corpus_version(project_root, lineage_hashes(project_root))
-    if version:
+    if version := current_data_version(project_root, params, snapshot=stage != CORPUS_STAGE):
         tags["data.version"] = version
     return {**tags, **hash_tags(reads)}
+
+
+def current_data_version(project_root: Path, params: Mapping[str, Any] | None = None, *,
+                         snapshot: bool = True) -> str | None:
+    """The run's data version as it is now: the DVC hash of the corpus the ``corpus`` stage reads by ``params``
+    (``aiayn.lineage.stage_paths``, ``current_hashes``; ``data/multi30k`` by ``data.dvc``'s record) or, for a hub
+    dataset with no local data, of its snapshot ``artifacts/corpus`` (``snapshot=False``: not before the corpus
+    stage has written it: None). Without a ``corpus`` stage in ``dvc.yaml``, ``corpus_version``'s (``dvc.lock``)."""
+    try:
+        corpus = stage_paths(project_root, CORPUS_STAGE, params)
+        if corpus is None:
+            return corpus_version(project_root, lineage_hashes(project_root))
+        paths = corpus.deps[:1] or (corpus.outs[:1] if snapshot else ())
+        return next(iter(current_hashes(project_root, paths).values()), None)
+    except ValueError as e:
+        log.warning("no data version: %s", e)
+        return None
 
 
 def corpus_version(project_root: Path, hashes: dict[str, str]) -> str | None:

@@ -33,7 +33,15 @@ from aiayn.io import atomic_write_json
 from aiayn.recording import StageRecord, check_dir, check_file, check_key, check_metrics, check_params
 from aiayn.settings import Settings
 from aiayn.lineage import CORPUS_STAGE
-from aiayn.tracking.lineage import dvc_datasets, hash_tags, lineage_hashes, lineage_tags, stage_data, stage_tags
+from aiayn.tracking.lineage import (
+    current_data_version,
+    dvc_datasets,
+    hash_tags,
+    lineage_hashes,
+    lineage_tags,
+    stage_data,
+    stage_tags,
+)
 from aiayn.tracking.parent import DESCRIPTION_TAG, STATE_FILE, describe_pipeline, finish_parent, resolve_parent
 from aiayn.tracking.registry import register_translation, register_transformers
 from aiayn.tracking.store import (
@@ -238,7 +246,13 @@ class Tracker:
         open_sqlite(self.tracking_uri)
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         hashes = lineage_hashes(self.project_root)
-        tags = lineage_tags(self.project_root, hashes)
+        reads = stage_data(self.project_root, self.stage, side="deps", params=self._stage_params)
+        self._dvc_stage = reads is not None  # a dvc.yaml stage: its runs' hashes are what it read and wrote, now
+        if reads is None:  # not a dvc.yaml stage (the flow's orchestrate): the lock's lineage
+            tags = lineage_tags(self.project_root, hashes)
+        else:  # dvc.lock is a run behind for this stage, later ones, and all of them outside `dvc repro`
+            tags = stage_tags(self.project_root, self.stage, reads, self._stage_params)
+            hashes = {**hashes, **reads}
         env_parent = (self._settings or Settings.from_env()).parent_run_id
         state: dict[str, Any] | None = None
         if env_parent:
@@ -261,9 +275,7 @@ class Tracker:
             tags={"mlflow.parentRunId": self._parent_run_id, "aiayn.stage": self.stage, "aiayn.kind": "stage"},
         )
         self._run_id = run.info.run_id
-        reads = stage_data(self.project_root, self.stage, side="deps", params=self._stage_params)
-        self._dvc_stage = reads is not None  # a dvc.yaml stage: its run's hashes are its own reads and writes
-        self._set_tags(self._run_id, tags if reads is None else stage_tags(self.project_root, self.stage, reads))
+        self._set_tags(self._run_id, tags)
         self._log_datasets()
         self._log_hashes(hashes)
         if state is not None:
@@ -288,17 +300,18 @@ class Tracker:
 
     def _tag_writes(self) -> None:
         """Tag this run and the pipeline run with the DVC hashes of what the stage wrote (``stage_data``), which
-        ``dvc.lock`` records only after the stage ends, and log them into ``lineage/dvc_hashes.json``. The corpus
-        stage also gives the pipeline run its data version (the corpus it read, or, for a hub dataset with no local
-        data, its snapshot)."""
+        ``dvc.lock`` records only after the stage ends (under ``dvc repro``), and log ``lineage/dvc_hashes.json``:
+        the lock's hashes overlaid with every ``data_hash`` the pipeline run's stages have tagged it with. The corpus
+        stage of a hub dataset also names its snapshot as the data version, once written."""
         wrote = stage_data(self.project_root, self.stage, side="outs", params=self._stage_params) or {}
         tags = hash_tags(wrote)
-        if self.stage == CORPUS_STAGE:  # the run's data version, for the pipeline run too (its tag is the lock's)
-            read = self._client.get_run(self._run_id).data.tags.get("data.version")
-            tags["data.version"] = read or next(iter(wrote.values()), "")
+        if self.stage == CORPUS_STAGE and (version := current_data_version(self.project_root, self._stage_params)):
+            tags["data.version"] = version
         for run_id in (self._run_id, self._parent_run_id):
-            self._set_tags(run_id, {k: v for k, v in tags.items() if v})
-        self._log_hashes({**lineage_hashes(self.project_root), **wrote})
+            self._set_tags(run_id, tags)
+        tagged = self._client.get_run(self._parent_run_id).data.tags
+        fresh = {k.removeprefix("data_hash."): v for k, v in tagged.items() if k.startswith("data_hash.")}
+        self._log_hashes({**lineage_hashes(self.project_root), **fresh})
 
     def _log_datasets(self) -> None:
         """Log the record's datasets (``lineage.dvc_datasets``) as dataset inputs of the child and the
