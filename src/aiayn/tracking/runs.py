@@ -3,7 +3,9 @@
 A ``Tracker`` is one nested run under the pipeline run (``aiayn.tracking.parent``), shaped by the
 stage's ``aiayn.recording.StageRecord``: its headline metrics are also logged on the pipeline run, its
 params too when the record says so, its datasets become dataset inputs of both runs, and the
-pipeline's last stage ends the pipeline run. Tags on both runs: ``aiayn.tracking.lineage.lineage_tags``.
+pipeline's last stage ends the pipeline run. Tags on both runs: a ``dvc.yaml`` stage's data version and what it
+read (``aiayn.tracking.lineage.stage_tags``, when it starts) and wrote (``stage_data``, when it ends), hashed from the
+files; any other run's (the flow's ``orchestrate``), ``lineage_tags`` from ``dvc.lock``.
 The run ends ``FINISHED``, ``FAILED`` (an exception left the ``with`` block; the exception still
 propagates) or ``KILLED`` (``KeyboardInterrupt``).
 
