@@ -4,6 +4,7 @@ report after a ``dvc repro`` that re-versioned a data source (stop 43)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -290,3 +291,23 @@ def test_the_model_card_names_the_data_on_disk_not_a_stale_lock(tmp_path):
     card = _data_hashes(Layout(root), Params.model_validate(mine))
     assert list(card) == ["corpora/mine", "artifacts/corpus", "artifacts/prepared", "artifacts/tokenized"]
     assert all(card[p] == dvc_hash(root / p) for p in card) and not set(card.values()) & stale
+
+
+def test_the_source_dataset_is_the_corpus_the_stage_reads(tmp_path):
+    """The train run's ``source`` dataset input was every ``*.dvc`` file's output, so a run on a corpus of one's own
+    (``../extmine`` in the new-user trial) listed Multi30k as what it was trained from. Now it is the corpus the
+    stage's config names, hashed now; Multi30k's is still described by ``data.dvc``'s record."""
+    from aiayn.lineage import dvc_hash
+    from aiayn.tracking.lineage import dvc_datasets
+
+    for name in ("dvc.yaml", "data.dvc", "params.yaml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    (tmp_path / "corpora" / "mine").mkdir(parents=True)
+    (tmp_path / "corpora" / "mine" / "train.en").write_text("my own corpus\n")
+    multi30k = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]
+    (default,) = dvc_datasets(tmp_path, source_data=True)
+    assert (default["name"], default["digest"]) == ("data/multi30k", multi30k["md5"].removesuffix(".dir"))
+    assert default["source"].startswith("data.dvc: data/multi30k")
+    (mine,) = dvc_datasets(tmp_path, source_data=True, params={"data": {"corpus": {"path": "corpora/mine"}}})
+    assert mine["name"] == "corpora/mine" and mine["digest"] == dvc_hash(tmp_path / "corpora/mine").removesuffix(".dir")
+    assert json.loads(mine["profile"]) == {"files": 1, "bytes": 14}

@@ -20,6 +20,7 @@ from aiayn.lineage import (
     dvc_data_hashes,
     current_hashes,
     dvc_file_outs,
+    dvc_hash,
     dvc_out_hash,
     file_md5,
     git_commit,
@@ -29,7 +30,7 @@ from aiayn.lineage import (
 from aiayn.recording import BAD_KEY_CHARS, MAX_KEY_LEN, DatasetRead
 
 __all__ = ["git_tags", "lineage_tags", "dvc_datasets", "lineage_hashes", "corpus_version", "stage_data", "stage_tags",
-           "hash_tags", "current_data_version"]
+           "hash_tags", "current_data_version", "source_corpus"]
 
 log = logging.getLogger("aiayn.tracking")
 
@@ -45,13 +46,13 @@ def git_tags(project_root: Path) -> dict[str, str]:
 
 
 def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
-                 source_data: bool = False) -> list[dict[str, str]]:
+                 source_data: bool = False, params: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
     """The DVC-versioned data a stage reads, described as MLflow dataset inputs.
 
-    ``source_data``: first the raw corpus (each ``*.dvc`` file's output: name = its path, digest =
-    DVC's ``md5`` from the ``.dvc`` file, without its ``.dir`` suffix; context ``source``). Then one
-    dataset per file of ``reads`` (paths relative to ``project_root``): name = the file's name,
-    digest = its MD5, which is DVC 3's content hash of that file (so it matches the ``.dir``
+    ``source_data``: first the raw corpus the ``corpus`` stage reads by ``params`` (the stage's config; default
+    ``params.yaml``; ``source_corpus``), context ``source``: name = its path, digest = DVC's hash without its
+    ``.dir`` suffix. Then one dataset per file of ``reads`` (paths relative to ``project_root``): name = the file's
+    name, digest = its MD5, which is DVC 3's content hash of that file (so it matches the ``.dir``
     manifest of its folder in the DVC cache); source = its path; context = the read's; profile =
     lines and bytes. Missing files are skipped.
 
@@ -59,14 +60,7 @@ def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
         ``[{"name", "digest", "source", "context", "profile"}]`` (all strings).
     """
     root = Path(project_root)
-    out: list[dict[str, str]] = []
-    if source_data:
-        for dvc_file, entry in dvc_file_outs(root, strict=False):
-            h = dvc_out_hash(entry)
-            if h and entry.get("path"):
-                out.append({"name": str(entry["path"]), "digest": h.removesuffix(".dir"),
-                            "source": f"{dvc_file.name}: {entry['path']} (DVC {h})", "context": "source",
-                            "profile": json.dumps({"files": entry.get("nfiles"), "bytes": entry.get("size")})})
+    out = source_corpus(root, params) if source_data else []
     for read in reads:
         f = root / read.path
         if not f.is_file():
@@ -75,6 +69,35 @@ def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
             lines = sum(1 for _ in fh)
         out.append({"name": f.name, "digest": file_md5(f), "source": f.relative_to(root).as_posix(),
                     "context": read.context, "profile": json.dumps({"lines": lines, "bytes": f.stat().st_size})})
+    return out
+
+
+def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+    """The raw corpus as ``dvc_datasets``' ``source`` dataset: the ``corpus`` stage's data dependency in ``dvc.yaml``,
+    filled from ``params`` (a hub dataset's snapshot ``artifacts/corpus`` when it has none), named by its path and
+    hashed now (``aiayn.lineage.current_hashes``); a path a ``*.dvc`` file records is described by that record
+    (``data.dvc: data/multi30k``). Without a ``corpus`` stage (or an unreadable ``dvc.yaml``): every ``*.dvc``
+    file's output (the old rule for every run, which named Multi30k for a run on a corpus of one's own)."""
+    recorded = {str(e.get("path")): (f, e) for f, e in dvc_file_outs(project_root, strict=False)}
+    try:
+        corpus = stage_paths(project_root, CORPUS_STAGE, params)
+    except ValueError as e:
+        log.warning("source dataset from the *.dvc files: %s", e)
+        corpus = None
+    paths = list(recorded) if corpus is None else list(corpus.deps[:1] or corpus.outs[:1])
+    out = []
+    for path in paths:
+        if path in recorded:
+            dvc_file, entry = recorded[path]
+            h, where = dvc_out_hash(entry), f"{dvc_file.name}: {path}"
+            files, size = entry.get("nfiles"), entry.get("size")
+        else:
+            h, where = dvc_hash(Path(project_root) / path), path
+            found = [f for f in (Path(project_root) / path).rglob("*") if f.is_file()] or [Path(project_root) / path]
+            files, size = len(found), sum(f.stat().st_size for f in found)
+        if h:
+            out.append({"name": path, "digest": h.removesuffix(".dir"), "source": f"{where} (DVC {h})",
+                        "context": "source", "profile": json.dumps({"files": files, "bytes": size})})
     return out
 
 

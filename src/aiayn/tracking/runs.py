@@ -321,7 +321,8 @@ class Tracker:
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
         try:
-            found = dvc_datasets(self.project_root, self.record.datasets, source_data=self.record.source_data)
+            found = dvc_datasets(self.project_root, self.record.datasets, source_data=self.record.source_data,
+                                 params=self._stage_params)
             inputs = [DatasetInput(Dataset(d["name"], d["digest"], "dvc", d["source"], profile=d["profile"]),
                                    tags=[InputTag("mlflow.data.context", d["context"])]) for d in found]
             for run_id in (self._run_id, self._parent_run_id) if inputs else ():
