@@ -18,9 +18,10 @@ from typing import Any, NamedTuple
 
 import yaml
 
-__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "PIPELINE_WRITES",
+__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "file_digest",
+           "FileDigest", "Digests", "PIPELINE_WRITES",
            "is_code_path", "data_version", "CorpusInput", "corpus_input", "dvc_hash", "StagePaths", "stage_paths",
-           "CORPUS_STAGE", "current_hashes"]
+           "CORPUS_STAGE", "current_hashes", "project_path"]
 
 #: The stage that reads the raw corpus (``dvc.yaml``); its data dependency is the run's data version.
 CORPUS_STAGE = "corpus"
@@ -72,12 +73,12 @@ def dvc_out_hash(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _local_path(base: str, path: Any) -> str | None:
-    """Normalised POSIX path relative to the project root, or None if not a local relative path."""
+def _local_path(path: Any) -> str | None:
+    """Normalised POSIX path relative to the project root, or None if not a path inside it as written."""
     if not isinstance(path, str) or "://" in path or path.startswith("/"):
         return None
-    norm = posixpath.normpath(posixpath.join(base, path)) if base else posixpath.normpath(path)
-    return None if norm.startswith("..") or norm == "." else norm
+    norm = posixpath.normpath(path)
+    return None if norm == "." or norm == ".." or norm.startswith("../") else norm
 
 
 def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
@@ -102,12 +103,12 @@ def dvc_data_hashes(project_root: str | Path) -> dict[str, str]:
     for name, stage in _lock_stages(root).items():
         for target, key in ((deps, "deps"), (outs, "outs")):
             for entry in _entries(lock, stage.get(key), f"stages.{name}.{key}"):
-                p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
+                p, h = _local_path(entry.get("path")), dvc_out_hash(entry)
                 if p and h:
                     target[p] = h
 
     for dvc_file, entry in dvc_file_outs(root, strict=True):
-        p, h = _local_path("", entry.get("path")), dvc_out_hash(entry)
+        p, h = _local_path(entry.get("path")), dvc_out_hash(entry)
         if p and h:
             outs[p] = h
 
@@ -127,9 +128,9 @@ def corpus_input(project_root: str | Path) -> CorpusInput | None:
     The one rule for "which corpus" (MLflow's ``data.version``, the model card's data hashes, the pipeline
     report's data line). DVC writes a path inside the project relative to it however ``data.corpus.path``
     gave it, and keeps the path and hash of a corpus outside the project as written (``/srv/corpora/mine``,
-    ``../mine``, named here by its absolute path), which ``dvc_data_hashes`` leaves out. A Hugging Face hub dataset has no local data (DVC watches its
-    loader, ``src/aiayn/data/hub.py``): the stage's snapshot of it, ``artifacts/corpus``, with the resolved
-    revision in its ``SOURCE.json``. None before the corpus stage has run (no ``dvc.lock``, no ``corpus`` entry).
+    ``../mine``, named here by its absolute path: ``project_path``), which ``dvc_data_hashes`` leaves out. A Hugging
+    Face hub dataset has no local data (DVC watches its loader, ``src/aiayn/data/hub.py``): the stage's snapshot of
+    it, ``artifacts/corpus``, with the resolved revision in its ``SOURCE.json``. None before the corpus stage has run (no ``dvc.lock``, no ``corpus`` entry).
 
     Raises:
         ValueError: ``dvc.lock`` is not valid YAML or not shaped like a lock file; the message names it.
@@ -140,14 +141,22 @@ def corpus_input(project_root: str | Path) -> CorpusInput | None:
         path = entry.get("path")
         if not isinstance(path, str) or "://" in path:
             continue
-        if not posixpath.isabs(path):  # inside the project, or outside it as written (``../corpus``): absolute
-            path = _local_path("", path) or posixpath.normpath(posixpath.join(root.absolute().as_posix(), path))
-        if path and not is_code_path(path):
+        path = project_path(root, path)  # inside the project, or outside it as written (``../corpus``): absolute
+        if not is_code_path(path):
             return CorpusInput(path, dvc_out_hash(entry))
     for entry in _entries(root / "dvc.lock", stage.get("outs"), "stages.corpus.outs"):  # no local data: a hub
-        if path := _local_path("", entry.get("path")):  # dataset (DVC watches its loader); the snapshot it made
+        if path := _local_path(entry.get("path")):  # dataset (DVC watches its loader); the snapshot it made
             return CorpusInput(path, dvc_out_hash(entry))
     return None
+
+
+def project_path(project_root: str | Path, path: str) -> str:
+    """How lineage names a data path (``dvc.yaml``'s, ``dvc.lock``'s, a config's): POSIX and normalised, relative to
+    the project root inside it, absolute outside it (``../corpus`` and ``/srv/corpus`` alike) or when it is the root."""
+    base = Path(project_root).absolute().as_posix()
+    full = posixpath.normpath(path if posixpath.isabs(path) else posixpath.join(base, path))
+    inside = posixpath.relpath(full, base)
+    return full if inside in (".", "..") or inside.startswith("../") else inside
 
 
 def _load_yaml(path: Path) -> Any:
@@ -208,45 +217,86 @@ def dvc_file_outs(project_root: str | Path, *, strict: bool) -> list[tuple[Path,
     return found
 
 
-def file_md5(path: Path) -> str:
-    """MD5 of the file's bytes: DVC 3's content hash of a file."""
-    h = hashlib.md5()  # noqa: S324 - DVC's content hash, not security
+class FileDigest(NamedTuple):
+    """One read of a file (``file_digest``): DVC 3's content hash of it and what a dataset profile shows."""
+
+    md5: str  #: MD5 of its bytes: DVC 3's content hash of a file
+    lines: int  #: lines, as iterating the open file counts them (a last line without a newline is one)
+    size: int  #: bytes
+
+
+def file_digest(path: Path) -> FileDigest:
+    """``FileDigest`` of ``path`` in one read of its bytes (OSError if it cannot be read)."""
+    h, lines, size, last = hashlib.md5(), 0, 0, b"\n"  # noqa: S324 - DVC's content hash, not security
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+            lines += block.count(b"\n")
+            size, last = size + len(block), block[-1:]
+    return FileDigest(h.hexdigest(), lines + (last != b"\n"), size)
 
 
-def dvc_hash(path: str | Path) -> str | None:
+def file_md5(path: Path) -> str:
+    """MD5 of the file's bytes: DVC 3's content hash of a file."""
+    return file_digest(path).md5
+
+
+class Digests:
+    """``file_digest`` of each file, read once while it is unchanged: the memo of one stage run's lineage.
+
+    A stage run's tracking hashes the same corpus for what the stage reads, for its data version and for its dataset
+    inputs, and counts lines of files it just hashed (``aiayn.tracking``); without a memo each read every byte again
+    (three reads of a corpus of one's own per ``corpus`` run). A file counts as unchanged while its absolute path,
+    device, inode, size and modification time (ns) are: DVC's own rule for trusting a hash it has (its state
+    database). Keep one for the life of one stage run, whose inputs DVC requires it not to modify.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int, int, int, int], FileDigest] = {}
+        self.reads = 0  #: files read so far (the rest came from the memo)
+
+    def __call__(self, path: Path) -> FileDigest:
+        st = path.stat()
+        key = (path.absolute().as_posix(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = file_digest(path)
+            self.reads += 1
+        return found
+
+
+def dvc_hash(path: str | Path, digests: Digests | None = None) -> str | None:
     """DVC 3's content hash (``hash: md5``) of a file or folder, as ``dvc.lock`` records it once the stage that
     wrote it ends: a file's MD5 (``file_md5``); a folder's ``<md5>.dir``, the MD5 of the JSON list
     ``[{"md5": ..., "relpath": ...}]`` of every file under it sorted by ``relpath`` (dvc-data's
     ``Tree.as_bytes``; checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
 
     Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``.dvcignore``
-    patterns are not applied: the project's own (bytecode caches) never match a stage's data.
+    patterns are not applied: the project's own (bytecode caches) never match a stage's data. ``digests``: a memo
+    that reads each unchanged file once (``Digests``).
     """
-    p = Path(path)
+    p, digest = Path(path), digests or file_digest
     if p.is_file():
-        return file_md5(p)
+        return digest(p).md5
     if not p.is_dir():
         return None
     files = sorted((f.relative_to(p).as_posix(), f) for f in p.rglob("*") if f.is_file())
-    entries = [{"md5": file_md5(f), "relpath": rel} for rel, f in files]
+    entries = [{"md5": digest(f).md5, "relpath": rel} for rel, f in files]
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"  # noqa: S324
 
 
-def current_hashes(project_root: str | Path, paths: list[str] | tuple[str, ...]) -> dict[str, str]:
+def current_hashes(project_root: str | Path, paths: list[str] | tuple[str, ...],
+                   digests: Digests | None = None) -> dict[str, str]:
     """``{path: DVC hash}`` of each path (``stage_paths``' form) as it is now: a top-level ``*.dvc`` file's record of it
     (DVC's own, current record: ``data.dvc``'s Multi30k), else hashed from the files (``dvc_hash``). ``dvc.lock`` is
     not read: it holds a stage's hashes from that stage's last ``dvc repro``, not what ``aiayn <stage>`` or a
-    running stage has written since. Paths that do not exist are left out.
+    running stage has written since. Paths that do not exist are left out. ``digests``: as ``dvc_hash``'s.
 
     Raises:
         ValueError: a ``*.dvc`` file is not valid YAML (``dvc_file_outs``).
     """
     recorded = {str(e.get("path")): dvc_out_hash(e) for _, e in dvc_file_outs(project_root, strict=True)}
-    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p) for p in paths}
+    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p, digests) for p in paths}
     return {p: h for p, h in found.items() if h}
 
 
@@ -295,10 +345,7 @@ def stage_paths(project_root: str | Path, stage: str, params: Mapping[str, Any] 
             raw = _TEMPLATE.sub(fill, raw)
         except KeyError:
             return None
-        if posixpath.isabs(raw):
-            inside = posixpath.relpath(raw, root.absolute().as_posix())
-            return raw if inside.startswith("..") else posixpath.normpath(inside)
-        return _local_path("", raw) or posixpath.normpath(posixpath.join(root.absolute().as_posix(), raw))
+        return project_path(root, raw)
 
     def paths(*keys: str) -> list[str]:
         found = [path(e) for key in keys for e in (spec.get(key) or [])]

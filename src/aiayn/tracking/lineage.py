@@ -15,6 +15,7 @@ from typing import Any
 
 from aiayn.lineage import (
     CORPUS_STAGE,
+    Digests,
     corpus_input,
     data_version,
     dvc_data_hashes,
@@ -22,7 +23,7 @@ from aiayn.lineage import (
     dvc_file_outs,
     dvc_hash,
     dvc_out_hash,
-    file_md5,
+    file_digest,
     git_commit,
     is_code_path,
     stage_paths,
@@ -45,8 +46,8 @@ def git_tags(project_root: Path) -> dict[str, str]:
     return tags
 
 
-def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
-                 source_data: bool = False, params: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *, source_data: bool = False,
+                 params: Mapping[str, Any] | None = None, digests: Digests | None = None) -> list[dict[str, str]]:
     """The DVC-versioned data a stage reads, described as MLflow dataset inputs.
 
     ``source_data``: first the raw corpus the ``corpus`` stage reads by ``params`` (the stage's config; default
@@ -54,25 +55,26 @@ def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
     ``.dir`` suffix. Then one dataset per file of ``reads`` (paths relative to ``project_root``): name = the file's
     name, digest = its MD5, which is DVC 3's content hash of that file (so it matches the ``.dir``
     manifest of its folder in the DVC cache); source = its path; context = the read's; profile =
-    lines and bytes. Missing files are skipped.
+    lines and bytes. Missing files are skipped. ``digests``: the stage run's memo (``aiayn.lineage.Digests``), so
+    a file its lineage hashed already is not read again.
 
     Returns:
         ``[{"name", "digest", "source", "context", "profile"}]`` (all strings).
     """
-    root = Path(project_root)
-    out = source_corpus(root, params) if source_data else []
+    root, digest = Path(project_root), digests or file_digest
+    out = source_corpus(root, params, digests) if source_data else []
     for read in reads:
         f = root / read.path
         if not f.is_file():
             continue
-        with f.open("rb") as fh:
-            lines = sum(1 for _ in fh)
-        out.append({"name": f.name, "digest": file_md5(f), "source": f.relative_to(root).as_posix(),
-                    "context": read.context, "profile": json.dumps({"lines": lines, "bytes": f.stat().st_size})})
+        found = digest(f)
+        out.append({"name": f.name, "digest": found.md5, "source": f.relative_to(root).as_posix(),
+                    "context": read.context, "profile": json.dumps({"lines": found.lines, "bytes": found.size})})
     return out
 
 
-def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
+def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None,
+                  digests: Digests | None = None) -> list[dict[str, str]]:
     """The raw corpus as ``dvc_datasets``' ``source`` dataset: the ``corpus`` stage's data dependency in ``dvc.yaml``,
     filled from ``params`` (a hub dataset's snapshot ``artifacts/corpus`` when it has none), named by its path and
     hashed now (``aiayn.lineage.current_hashes``); a path a ``*.dvc`` file records is described by that record
@@ -92,7 +94,7 @@ def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None) -
             h, where = dvc_out_hash(entry), f"{dvc_file.name}: {path}"
             files, size = entry.get("nfiles"), entry.get("size")
         else:
-            h, where = dvc_hash(Path(project_root) / path), path
+            h, where = dvc_hash(Path(project_root) / path, digests), path
             found = [f for f in (Path(project_root) / path).rglob("*") if f.is_file()] or [Path(project_root) / path]
             files, size = len(found), sum(f.stat().st_size for f in found)
         if h:
@@ -114,8 +116,9 @@ def lineage_hashes(project_root: Path) -> dict[str, str]:
 def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> dict[str, str]:
     """The tags of every pipeline and stage run: ``git_tags``, ``dvc.exp_name`` when DVC runs the
     stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``), ``data.version`` (the DVC hash
-    of the corpus the run read: ``corpus_version``) and one ``data_hash.<path>`` per data path of ``hashes`` (default ``lineage_hashes``): the
-    corpus and the stages' outputs, not the code files (the git commit covers those; every hash is in the
+    of the corpus the run read: ``corpus_version``) and one ``data_hash.<path>`` per data path of ``hashes``
+    (default ``lineage_hashes``): the corpus and the stages' outputs, not the code files (the git commit covers those;
+    every hash is in the
     ``lineage/dvc_hashes.json`` artifact)."""
     hashes = lineage_hashes(project_root) if hashes is None else hashes
     tags = _run_tags(project_root)
@@ -137,45 +140,48 @@ def hash_tags(hashes: dict[str, str]) -> dict[str, str]:
             for path, h in hashes.items() if not is_code_path(path)}
 
 
-def stage_data(project_root: Path, stage: str, *, side: str,
-               params: Mapping[str, Any] | None = None) -> dict[str, str] | None:
+def stage_data(project_root: Path, stage: str, *, side: str, params: Mapping[str, Any] | None = None,
+               digests: Digests | None = None) -> dict[str, str] | None:
     """``{path: DVC hash}`` of what ``dvc.yaml``'s ``stage`` reads (``side="deps"``, taken when it starts) or wrote
     (``side="outs"``, when it ends), as they are then (``aiayn.lineage.current_hashes``): ``dvc.lock`` holds the run
     before's hashes of a stage's own entry until DVC rewrites it after the stage. ``params``: the stage's config, which
-    fills ``dvc.yaml``'s templates (``aiayn.lineage.stage_paths``). None when ``dvc.yaml`` does not
+    fills ``dvc.yaml``'s templates (``aiayn.lineage.stage_paths``); ``digests``: the stage run's memo (``aiayn.lineage
+    .Digests``). None when ``dvc.yaml`` does not
     define the stage, or it or a ``*.dvc`` file cannot be read (one warning)."""
     try:
         paths = stage_paths(project_root, stage, params)
-        return None if paths is None else current_hashes(project_root, getattr(paths, side))
+        return None if paths is None else current_hashes(project_root, getattr(paths, side), digests)
     except ValueError as e:
         log.warning("no stage data hashes: %s", e)
         return None
 
 
-def stage_tags(project_root: Path, stage: str, reads: dict[str, str],
-               params: Mapping[str, Any] | None = None) -> dict[str, str]:
+def stage_tags(project_root: Path, stage: str, reads: dict[str, str], params: Mapping[str, Any] | None = None,
+               digests: Digests | None = None) -> dict[str, str]:
     """The lineage tags of a stage's own run when it starts: ``git_tags``, ``dvc.exp_name``, ``data.version``
     (``current_data_version``) and a ``data_hash.<path>`` for each path it reads (``reads``: ``stage_data(...,
     side="deps")``). Never the hashes of what it writes or of later stages' outputs, which ``dvc.lock`` holds from
-    the run before (``stage_data(..., side="outs")`` tags its outputs when it ends). ``params``: the stage's config."""
+    the run before (``stage_data(..., side="outs")`` tags its outputs when it ends). ``params``: the stage's config;
+    ``digests``: its run's memo (``aiayn.lineage.Digests``)."""
     tags = _run_tags(project_root)
-    if version := current_data_version(project_root, params, snapshot=stage != CORPUS_STAGE):
+    if version := current_data_version(project_root, params, snapshot=stage != CORPUS_STAGE, digests=digests):
         tags["data.version"] = version
     return {**tags, **hash_tags(reads)}
 
 
 def current_data_version(project_root: Path, params: Mapping[str, Any] | None = None, *,
-                         snapshot: bool = True) -> str | None:
+                         snapshot: bool = True, digests: Digests | None = None) -> str | None:
     """The run's data version as it is now: the DVC hash of the corpus the ``corpus`` stage reads by ``params``
     (``aiayn.lineage.stage_paths``, ``current_hashes``; ``data/multi30k`` by ``data.dvc``'s record) or, for a hub
     dataset with no local data, of its snapshot ``artifacts/corpus`` (``snapshot=False``: not before the corpus
-    stage has written it: None). Without a ``corpus`` stage in ``dvc.yaml``, ``corpus_version``'s (``dvc.lock``)."""
+    stage has written it: None). Without a ``corpus`` stage in ``dvc.yaml``, ``corpus_version``'s (``dvc.lock``).
+    ``digests``: the stage run's memo (``aiayn.lineage.Digests``)."""
     try:
         corpus = stage_paths(project_root, CORPUS_STAGE, params)
         if corpus is None:
             return corpus_version(project_root, lineage_hashes(project_root))
         paths = corpus.deps[:1] or (corpus.outs[:1] if snapshot else ())
-        return next(iter(current_hashes(project_root, paths).values()), None)
+        return next(iter(current_hashes(project_root, paths, digests).values()), None)
     except ValueError as e:
         log.warning("no data version: %s", e)
         return None

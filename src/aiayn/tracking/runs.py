@@ -34,7 +34,7 @@ from typing import Any
 from aiayn.io import atomic_write_json
 from aiayn.recording import StageRecord, check_dir, check_file, check_key, check_metrics, check_params
 from aiayn.settings import Settings
-from aiayn.lineage import CORPUS_STAGE
+from aiayn.lineage import CORPUS_STAGE, Digests
 from aiayn.tracking.lineage import (
     current_data_version,
     dvc_datasets,
@@ -162,6 +162,7 @@ class Tracker:
         self._parent_run_id: str | None = None
         self._owns_parent = False
         self._dvc_stage = False
+        self._digests = Digests()  # each unchanged file of this run's lineage read once (start and end)
         self._parent_params: set[str] = set()
         self._params: dict[str, str] = {}
         self._buffer: list[Any] = []  # (run id, mlflow.entities.Metric)
@@ -248,12 +249,13 @@ class Tracker:
         open_sqlite(self.tracking_uri)
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         hashes = lineage_hashes(self.project_root)
-        reads = stage_data(self.project_root, self.stage, side="deps", params=self._stage_params)
+        reads = stage_data(self.project_root, self.stage, side="deps", params=self._stage_params,
+                           digests=self._digests)
         self._dvc_stage = reads is not None  # a dvc.yaml stage: its runs' hashes are what it read and wrote, now
         if reads is None:  # not a dvc.yaml stage (the flow's orchestrate): the lock's lineage
             tags = lineage_tags(self.project_root, hashes)
         else:  # dvc.lock is a run behind for this stage, later ones, and all of them outside `dvc repro`
-            tags = stage_tags(self.project_root, self.stage, reads, self._stage_params)
+            tags = stage_tags(self.project_root, self.stage, reads, self._stage_params, self._digests)
             hashes = {**hashes, **reads}
         env_parent = (self._settings or Settings.from_env()).parent_run_id
         state: dict[str, Any] | None = None
@@ -305,9 +307,12 @@ class Tracker:
         ``dvc.lock`` records only after the stage ends (under ``dvc repro``), and log ``lineage/dvc_hashes.json``:
         the lock's hashes overlaid with every ``data_hash`` the pipeline run's stages have tagged it with. The corpus
         stage of a hub dataset also names its snapshot as the data version, once written."""
-        wrote = stage_data(self.project_root, self.stage, side="outs", params=self._stage_params) or {}
+        wrote = stage_data(self.project_root, self.stage, side="outs", params=self._stage_params,
+                           digests=self._digests) or {}
         tags = hash_tags(wrote)
-        if self.stage == CORPUS_STAGE and (version := current_data_version(self.project_root, self._stage_params)):
+        version = self.stage == CORPUS_STAGE and current_data_version(self.project_root, self._stage_params,
+                                                                      digests=self._digests)
+        if version:
             tags["data.version"] = version
         for run_id in (self._run_id, self._parent_run_id):
             self._set_tags(run_id, tags)
@@ -322,7 +327,7 @@ class Tracker:
 
         try:
             found = dvc_datasets(self.project_root, self.record.datasets, source_data=self.record.source_data,
-                                 params=self._stage_params)
+                                 params=self._stage_params, digests=self._digests)
             inputs = [DatasetInput(Dataset(d["name"], d["digest"], "dvc", d["source"], profile=d["profile"]),
                                    tags=[InputTag("mlflow.data.context", d["context"])]) for d in found]
             for run_id in (self._run_id, self._parent_run_id) if inputs else ():
