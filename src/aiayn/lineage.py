@@ -130,7 +130,8 @@ def corpus_input(project_root: str | Path) -> CorpusInput | None:
     gave it, and keeps the path and hash of a corpus outside the project as written (``/srv/corpora/mine``,
     ``../mine``, named here by its absolute path: ``project_path``), which ``dvc_data_hashes`` leaves out. A Hugging
     Face hub dataset has no local data (DVC watches its loader, ``src/aiayn/data/hub.py``): the stage's snapshot of
-    it, ``artifacts/corpus``, with the resolved revision in its ``SOURCE.json``. None before the corpus stage has run (no ``dvc.lock``, no ``corpus`` entry).
+    it, ``artifacts/corpus``, with the resolved revision in its ``SOURCE.json``. None before the corpus stage has run
+    (no ``dvc.lock``, no ``corpus`` entry).
 
     Raises:
         ValueError: ``dvc.lock`` is not valid YAML or not shaped like a lock file; the message names it.
@@ -226,12 +227,15 @@ class FileDigest(NamedTuple):
 
 
 def file_digest(path: Path) -> FileDigest:
-    """``FileDigest`` of ``path`` in one read of its bytes (OSError if it cannot be read)."""
+    """``FileDigest`` of ``path`` in one read of its bytes (OSError if it cannot be read). Lines are counted with
+    numpy (~19 GB/s a core here, against 3.9 for ``bytes.count`` and 0.8 for MD5: ``benchmarks/lineage_reads.py``)."""
+    import numpy as np
+
     h, lines, size, last = hashlib.md5(), 0, 0, b"\n"  # noqa: S324 - DVC's content hash, not security
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-            lines += block.count(b"\n")
+            lines += int(np.count_nonzero(np.frombuffer(block, np.uint8) == 0x0A))  # b"\n"
             size, last = size + len(block), block[-1:]
     return FileDigest(h.hexdigest(), lines + (last != b"\n"), size)
 
