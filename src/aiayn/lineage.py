@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_md5", "file_digest",
+__all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_digest",
            "FileDigest", "Digests", "PIPELINE_WRITES",
            "is_code_path", "data_version", "CorpusInput", "corpus_input", "dvc_hash", "StagePaths", "stage_paths",
            "CORPUS_STAGE", "current_hashes", "project_path"]
@@ -240,11 +240,6 @@ def file_digest(path: Path) -> FileDigest:
     return FileDigest(h.hexdigest(), lines + (last != b"\n"), size)
 
 
-def file_md5(path: Path) -> str:
-    """MD5 of the file's bytes: DVC 3's content hash of a file."""
-    return file_digest(path).md5
-
-
 class Digests:
     """``file_digest`` of each file, read once while it is unchanged: the memo of one stage run's lineage.
 
@@ -271,7 +266,7 @@ class Digests:
 
 def dvc_hash(path: str | Path, digests: Digests | None = None) -> str | None:
     """DVC 3's content hash (``hash: md5``) of a file or folder, as ``dvc.lock`` records it once the stage that
-    wrote it ends: a file's MD5 (``file_md5``); a folder's ``<md5>.dir``, the MD5 of the JSON list
+    wrote it ends: a file's MD5 (``file_digest``); a folder's ``<md5>.dir``, the MD5 of the JSON list
     ``[{"md5": ..., "relpath": ...}]`` of every file under it sorted by ``relpath`` (dvc-data's
     ``Tree.as_bytes``; checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
 

@@ -118,8 +118,7 @@ def lineage_tags(project_root: Path, hashes: dict[str, str] | None = None) -> di
     stage as an experiment (``DVC_EXP_NAME``, set by ``dvc exp run --queue/--temp``), ``data.version`` (the DVC hash
     of the corpus the run read: ``corpus_version``) and one ``data_hash.<path>`` per data path of ``hashes``
     (default ``lineage_hashes``): the corpus and the stages' outputs, not the code files (the git commit covers those;
-    every hash is in the
-    ``lineage/dvc_hashes.json`` artifact)."""
+    every hash is in the ``lineage/dvc_hashes.json`` artifact)."""
     hashes = lineage_hashes(project_root) if hashes is None else hashes
     tags = _run_tags(project_root)
     if version := corpus_version(project_root, hashes):
