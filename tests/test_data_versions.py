@@ -388,3 +388,41 @@ def test_the_memo_rereads_a_changed_file_and_paths_are_named_one_way(tmp_path):
              f"{root}/corpora/mine": "corpora/mine", "../extmine": f"{tmp_path}/extmine",
              "/srv/corpus": "/srv/corpus", ".": str(root), "data/../..": str(tmp_path), "..x/y": "..x/y"}
     assert {p: project_path(root, p) for p in cases} == cases
+
+
+def test_dvc_hash_leaves_out_what_dvc_ignores_inside_the_project(tmp_path, monkeypatch):
+    """Inside the project DVC hashes a folder without its ``.git``, ``.hg`` and ``.dvc`` folders and without what
+    the project's ``.dvcignore`` matches; outside it, every file. ``dvc_hash`` hashed every file everywhere, so a
+    corpus cloned with git into the project (``git clone .../multi30k/dataset corpora/multi30k``) got a
+    ``data.version`` and model-card hash that were not ``dvc.lock``'s, after an MD5 read of its git history. Now both
+    sides equal a real ``dvc repro``'s lock, and ``source_corpus`` counts the files DVC counts."""
+    from dvc.repo import Repo
+
+    from aiayn.lineage import dvc_hash
+    from aiayn.tracking.lineage import source_corpus
+
+    def corpus(folder: Path) -> None:
+        for rel, text in {".git/HEAD": "ref: main\n", ".git/objects/ab": "blob\n", ".hg/store": "hg\n",
+                          "train.en": "a dog runs\n", "notes.tmp": "scratch\n", "keep.tmp": "kept\n",
+                          "sub/x.de": "ein Hund\n", "cache/y": "y\n", "sub/cache/z": "z\n", "a.pyc": "pyc\n"}.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text(text)
+
+    root, outside = tmp_path / "project", tmp_path / "theirs"
+    corpus(root / "corpora" / "mine")
+    corpus(outside)
+    (root / ".dvcignore").write_text("# scratch files\n*.tmp\n!keep.tmp\n/corpora/mine/cache/\n")
+    (root / "corpora" / ".dvcignore").write_text("*.pyc\n")  # a .dvcignore on the way down counts too
+    (root / "dvc.yaml").write_text(f"stages:\n  s:\n    cmd: echo > out.txt\n    deps:\n    - corpora/mine\n"
+                                   f"    - {outside}\n    outs: [out.txt]\n")
+    monkeypatch.chdir(root)
+    with Repo.init(str(root), no_scm=True, force=True) as repo:
+        repo.reproduce()
+    lock = {e["path"]: e for e in yaml.safe_load((root / "dvc.lock").read_text())["stages"]["s"]["deps"]}
+    assert lock["corpora/mine"]["nfiles"] == 4 and lock[outside.as_posix()]["nfiles"] == 10  # DVC's own counts
+    assert dvc_hash(root / "corpora/mine", project_root=root) == lock["corpora/mine"]["md5"]
+    assert dvc_hash(outside, project_root=root) == lock[outside.as_posix()]["md5"]
+    (root / "dvc.yaml").write_text("stages:\n  corpus:\n    cmd: x\n    deps: [corpora/mine]\n    outs: [artifacts]\n")
+    (seen,) = source_corpus(root)
+    assert seen["digest"] == lock["corpora/mine"]["md5"].removesuffix(".dir")
+    assert json.loads(seen["profile"])["files"] == 4

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import re
 import subprocess
@@ -21,7 +22,8 @@ import yaml
 __all__ = ["git_commit", "dvc_data_hashes", "dvc_file_outs", "dvc_out_hash", "file_digest",
            "FileDigest", "Digests", "PIPELINE_WRITES",
            "is_code_path", "data_version", "CorpusInput", "corpus_input", "dvc_hash", "StagePaths", "stage_paths",
-           "CORPUS_STAGE", "current_hashes", "project_path"]
+           "CORPUS_STAGE", "current_hashes", "project_path",
+           "data_files", "DVC_DEFAULT_IGNORES"]
 
 #: The stage that reads the raw corpus (``dvc.yaml``); its data dependency is the run's data version.
 CORPUS_STAGE = "corpus"
@@ -264,14 +266,62 @@ class Digests:
         return found
 
 
-def dvc_hash(path: str | Path, digests: Digests | None = None) -> str | None:
+#: What DVC never hashes in a folder inside the project, whatever its ``.dvcignore`` says (``dvc.ignore``'s
+#: ``DvcIgnoreFilter``), in the ``.dvcignore`` syntax.
+DVC_DEFAULT_IGNORES = (".hg/", ".git/", ".git", ".dvc/")
+
+
+def data_files(folder: str | Path, project_root: str | Path | None = None) -> list[tuple[str, Path]]:
+    """The files DVC hashes in ``folder``, as ``(relpath, path)`` sorted by ``relpath`` (POSIX, relative to
+    ``folder``). Outside ``project_root`` (or without one) every file, as DVC walks a dependency outside its repo.
+    Inside it, not what DVC leaves out there: ``DVC_DEFAULT_IGNORES`` and what the ``.dvcignore`` files of the
+    project root and of each folder on the way down to ``folder`` match (gitignore rules, stripped lines, a deeper
+    file's match winning: how ``dvc.ignore`` reads them, with the same ``pathspec``; DVC refuses a ``.dvcignore``
+    inside a folder it hashes). Folders are not followed through symlinks. Checked against ``dvc repro`` in
+    ``tests/test_data_versions.py``."""
+    top = Path(folder).absolute()
+    root = Path(project_root).absolute() if project_root is not None else None
+    specs = _ignore_specs(root, top) if root is not None and top.is_relative_to(root) else []
+
+    def ignored(path: Path, is_dir: bool) -> bool:
+        verdict = None
+        for base, spec in specs:
+            found = spec.check_file(path.relative_to(base).as_posix() + ("/" if is_dir else "")).include
+            verdict = verdict if found is None else found
+        return bool(verdict)
+
+    out = []
+    for here, dirs, files in os.walk(top):
+        base = Path(here)
+        dirs[:] = [d for d in dirs if not ignored(base / d, True)]
+        out += [((base / f).relative_to(top).as_posix(), base / f) for f in files
+                if (base / f).is_file() and not ignored(base / f, False)]
+    return sorted(out)
+
+
+def _ignore_specs(root: Path, top: Path) -> list[tuple[Path, Any]]:
+    """``(folder, pathspec.GitIgnoreSpec)`` of DVC's defaults and of each ``.dvcignore`` from ``root`` down to
+    ``top``, shallowest first."""
+    from pathspec import GitIgnoreSpec
+
+    specs = [(root, GitIgnoreSpec.from_lines(DVC_DEFAULT_IGNORES))]
+    parts = top.relative_to(root).parts
+    for here in (root.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)):
+        rules = here / ".dvcignore"
+        if rules.is_file():
+            lines = [ln.strip() for ln in rules.read_text(encoding="utf-8").splitlines()]
+            specs.append((here, GitIgnoreSpec.from_lines([ln for ln in lines if ln and not ln.startswith("#")])))
+    return specs
+
+
+def dvc_hash(path: str | Path, digests: Digests | None = None, project_root: str | Path | None = None) -> str | None:
     """DVC 3's content hash (``hash: md5``) of a file or folder, as ``dvc.lock`` records it once the stage that
     wrote it ends: a file's MD5 (``file_digest``); a folder's ``<md5>.dir``, the MD5 of the JSON list
-    ``[{"md5": ..., "relpath": ...}]`` of every file under it sorted by ``relpath`` (dvc-data's
-    ``Tree.as_bytes``; checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
+    ``[{"md5": ..., "relpath": ...}]`` of the files DVC hashes in it (``data_files``: inside ``project_root``, not
+    what its ``.dvcignore`` and DVC's defaults leave out) sorted by ``relpath`` (dvc-data's ``Tree.as_bytes``;
+    checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
 
-    Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``.dvcignore``
-    patterns are not applied: the project's own (bytecode caches) never match a stage's data. ``digests``: a memo
+    Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``digests``: a memo
     that reads each unchanged file once (``Digests``).
     """
     p, digest = Path(path), digests or file_digest
@@ -279,8 +329,7 @@ def dvc_hash(path: str | Path, digests: Digests | None = None) -> str | None:
         return digest(p).md5
     if not p.is_dir():
         return None
-    files = sorted((f.relative_to(p).as_posix(), f) for f in p.rglob("*") if f.is_file())
-    entries = [{"md5": digest(f).md5, "relpath": rel} for rel, f in files]
+    entries = [{"md5": digest(f).md5, "relpath": rel} for rel, f in data_files(p, project_root)]
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"  # noqa: S324
 
 
@@ -295,7 +344,7 @@ def current_hashes(project_root: str | Path, paths: list[str] | tuple[str, ...],
         ValueError: a ``*.dvc`` file is not valid YAML (``dvc_file_outs``).
     """
     recorded = {str(e.get("path")): dvc_out_hash(e) for _, e in dvc_file_outs(project_root, strict=True)}
-    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p, digests) for p in paths}
+    found = {p: recorded.get(p) or dvc_hash(Path(project_root) / p, digests, project_root) for p in paths}
     return {p: h for p, h in found.items() if h}
 
 

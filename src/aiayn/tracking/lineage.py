@@ -20,6 +20,7 @@ from aiayn.lineage import (
     data_version,
     dvc_data_hashes,
     current_hashes,
+    data_files,
     dvc_file_outs,
     dvc_hash,
     dvc_out_hash,
@@ -94,9 +95,9 @@ def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None,
             h, where = dvc_out_hash(entry), f"{dvc_file.name}: {path}"
             files, size = entry.get("nfiles"), entry.get("size")
         else:
-            h, where = dvc_hash(Path(project_root) / path, digests), path
-            found = [f for f in (Path(project_root) / path).rglob("*") if f.is_file()] or [Path(project_root) / path]
-            files, size = len(found), sum(f.stat().st_size for f in found)
+            h, where, full = dvc_hash(Path(project_root) / path, digests, project_root), path, Path(project_root) / path
+            found = [f for _, f in data_files(full, project_root)] if full.is_dir() else [full]
+            files, size = len(found), sum(f.stat().st_size for f in found if f.exists())
         if h:
             out.append({"name": path, "digest": h.removesuffix(".dir"), "source": f"{where} (DVC {h})",
                         "context": "source", "profile": json.dumps({"files": files, "bytes": size})})
