@@ -4,10 +4,12 @@ Each stage run's tracking hashes what it reads (at its start) and wrote (at its 
 its config reads (``data.version``) and, for ``train``, logs the corpus and training files as dataset inputs
 (``aiayn.tracking``). This builds one project with the repository's ``dvc.yaml`` and a corpus of one's own
 (``corpora/mine``: not ``data.dvc``'s, so it is hashed, not looked up) of ``--mb`` MB of training text per side,
-then times ``Tracker`` runs of ``corpus``, ``prepare``, ``tokenize`` and ``train`` with no work inside, for each
+then times ``Tracker`` runs of ``prepare``, ``train`` and ``evaluate`` (with their stages' records and dataset
+reads; ``corpus`` and ``tokenize`` have no MLflow run) with no work inside, for each
 ``--src`` checkout in turn (alternating rounds, a fresh process and MLflow store each), counting the bytes each
 opens under the project. The files stay in the page cache, so seconds are MD5 (~0.8 GB/s a core on the Zen 4 of
-docs/benchmarks.md) plus MLflow's calls; a cold disk adds its read time per byte.
+docs/benchmarks.md) plus MLflow's calls (a first run, not timed, creates the store); a cold disk adds its read
+time per byte.
 
     python benchmarks/lineage_reads.py --src /tmp/old-checkout --src . [--mb 200] [--rounds 3]
 
@@ -26,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STAGES = ("corpus", "prepare", "tokenize", "train")
+STAGES = ("prepare", "train", "evaluate")  #: the stages with an MLflow run of their own that read the corpus
 FOLDERS = ("corpora/mine", "artifacts/corpus", "artifacts/prepared")
 SPLITS = {"train": 1.0, "val": 0.01, "test_2016_flickr": 0.01}  # share of --mb
 
@@ -57,7 +59,9 @@ def worker(root: Path, store: Path) -> dict[str, dict[str, float]]:
 
     from aiayn.config import load_params
     from aiayn.stages import Layout, split_reads
-    from aiayn.stages.train import RECORD
+    from aiayn.stages.evaluate import RECORD as EVALUATE
+    from aiayn.stages.prepare import RECORD as PREPARE
+    from aiayn.stages.train import RECORD as TRAIN
     from aiayn.tracking import Tracker
 
     opened = [0]
@@ -72,10 +76,14 @@ def worker(root: Path, store: Path) -> dict[str, dict[str, float]]:
     params = load_params(root / "params.yaml").model_dump(mode="json")
     params["data"]["corpus"]["path"] = "corpora/mine"
     uri = f"sqlite:///{store.as_posix()}"
+    with Tracker("warmup", project_root=root, tracking_uri=uri, params=params):  # creates the MLflow store: not
+        pass  # a dvc.yaml stage, so it hashes nothing
     out = {}
+    records = {"prepare": PREPARE,
+               "train": TRAIN.reading(*split_reads(Layout(root), ["train", "val"], ["en", "de"], "training")),
+               "evaluate": EVALUATE.reading(*split_reads(Layout(root), ["test_2016_flickr"], ["en", "de"], "test"))}
     for stage in STAGES:
-        record = stage if stage != "train" else RECORD.reading(
-            *split_reads(Layout(root), ["train", "val"], ["en", "de"], "training"))
+        record = records[stage]
         opened[0], t0 = 0, time.perf_counter()
         with Tracker(record, project_root=root, tracking_uri=uri, params=params):
             pass
