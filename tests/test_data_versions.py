@@ -314,11 +314,12 @@ def test_the_source_dataset_is_the_corpus_the_stage_reads(tmp_path):
 
 
 def test_a_stage_run_reads_each_file_of_its_lineage_once(tmp_path, monkeypatch):
-    """A stage run's tracking hashed a corpus of one's own once for what the stage reads, again for its data version
-    and, in the ``corpus`` run, a third time when it ended; the ``train`` run read it twice and each training file
-    three times (its folder's hash, the dataset digest, a line count). Seconds a stage on a corpus the size of
-    WMT14's (~1.4 GB: 0.8 GB/s of MD5 a core here). Now each file is read once per run (``aiayn.lineage.Digests``),
-    and what the memo gives is what a fresh read gives."""
+    """A stage run's tracking read a file once per use: the ``train`` run read a corpus of one's own twice (its data
+    version, its source dataset) and each training file three times (its folder's hash, the dataset digest, a line
+    count); the ``evaluate`` run the corpus twice (a dependency, its data version) and each test file three times.
+    Seconds a stage on a corpus the size of WMT14's
+    (``benchmarks/lineage_reads.py``). Now each file is read once per run (``aiayn.lineage.Digests``), and what the
+    memo gives is what a fresh read gives."""
     import collections
     import pathlib
 
@@ -326,7 +327,8 @@ def test_a_stage_run_reads_each_file_of_its_lineage_once(tmp_path, monkeypatch):
 
     from aiayn.lineage import dvc_hash
     from aiayn.stages import Layout, split_reads
-    from aiayn.stages.train import RECORD
+    from aiayn.stages.evaluate import RECORD as EVALUATE
+    from aiayn.stages.train import RECORD as TRAIN
     from aiayn.tracking import Tracker
 
     for var in ("AIAYN_PARENT_RUN_ID", "AIAYN_TRACKING", "MLFLOW_TRACKING_URI"):
@@ -350,13 +352,14 @@ def test_a_stage_run_reads_each_file_of_its_lineage_once(tmp_path, monkeypatch):
         return real_open(self, mode, *args, **kwargs)
 
     monkeypatch.setattr(pathlib.Path, "open", counting_open)
-    training = RECORD.reading(*split_reads(Layout(root), ["train", "val"], ["en", "de"], "training"))
+    testing = EVALUATE.reading(*split_reads(Layout(root), ["val"], ["en", "de"], "test"))
+    training = TRAIN.reading(*split_reads(Layout(root), ["train", "val"], ["en", "de"], "training"))
     client = MlflowClient(tracking_uri=uri)
-    for record in ("corpus", training):
+    for record in (testing, training):
         opened.clear()
         with Tracker(record, project_root=root, tracking_uri=uri, params=params) as t:
             run_id = t.run_id
-        assert opened and max(opened.values()) == 1, dict(opened)
+        assert opened and max(opened.values()) == 1, (record.stage, dict(opened))
     run = client.get_run(run_id)
     assert run.data.tags["data.version"] == dvc_hash(root / "corpora/mine")
     profiles = {i.dataset.name: json.loads(i.dataset.profile) for i in run.inputs.dataset_inputs}
