@@ -247,9 +247,10 @@ class Digests:
 
     A stage run's tracking hashes the same corpus for what the stage reads, for its data version and for its dataset
     inputs, and counts lines of files it just hashed (``aiayn.tracking``); without a memo each read every byte again
-    (an ``evaluate`` run read a corpus of one's own twice and each test file three times). A file counts as unchanged while its absolute path,
-    device, inode, size and modification time (ns) are: DVC's own rule for trusting a hash it has (its state
-    database). Keep one for the life of one stage run, whose inputs DVC requires it not to modify.
+    (an ``evaluate`` run read a corpus of one's own twice and each test file three times). A file counts as
+    unchanged while its absolute path, device, inode, size and modification time (ns) are: DVC's own rule for
+    trusting a hash it has (its state database). Keep one for the life of one stage run, whose inputs DVC requires
+    it not to modify.
     """
 
     def __init__(self) -> None:
