@@ -95,7 +95,8 @@ def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None,
             h, where = dvc_out_hash(entry), f"{dvc_file.name}: {path}"
             files, size = entry.get("nfiles"), entry.get("size")
         else:
-            h, where, full = dvc_hash(Path(project_root) / path, digests, project_root), path, Path(project_root) / path
+            full = Path(project_root) / path
+            h, where = dvc_hash(full, digests, project_root), path
             found = [f for _, f in data_files(full, project_root)] if full.is_dir() else [full]
             files, size = len(found), sum(f.stat().st_size for f in found if f.exists())
         if h:
@@ -145,9 +146,9 @@ def stage_data(project_root: Path, stage: str, *, side: str, params: Mapping[str
     """``{path: DVC hash}`` of what ``dvc.yaml``'s ``stage`` reads (``side="deps"``, taken when it starts) or wrote
     (``side="outs"``, when it ends), as they are then (``aiayn.lineage.current_hashes``): ``dvc.lock`` holds the run
     before's hashes of a stage's own entry until DVC rewrites it after the stage. ``params``: the stage's config, which
-    fills ``dvc.yaml``'s templates (``aiayn.lineage.stage_paths``); ``digests``: the stage run's memo (``aiayn.lineage
-    .Digests``). None when ``dvc.yaml`` does not
-    define the stage, or it or a ``*.dvc`` file cannot be read (one warning)."""
+    fills ``dvc.yaml``'s templates (``aiayn.lineage.stage_paths``); ``digests``: the stage run's memo
+    (``aiayn.lineage.Digests``). None when ``dvc.yaml`` does not define the stage, or it or a ``*.dvc`` file cannot
+    be read (one warning)."""
     try:
         paths = stage_paths(project_root, stage, params)
         return None if paths is None else current_hashes(project_root, getattr(paths, side), digests)

@@ -310,9 +310,8 @@ class Tracker:
         wrote = stage_data(self.project_root, self.stage, side="outs", params=self._stage_params,
                            digests=self._digests) or {}
         tags = hash_tags(wrote)
-        version = self.stage == CORPUS_STAGE and current_data_version(self.project_root, self._stage_params,
-                                                                      digests=self._digests)
-        if version:
+        if self.stage == CORPUS_STAGE and (version := current_data_version(
+                self.project_root, self._stage_params, digests=self._digests)):
             tags["data.version"] = version
         for run_id in (self._run_id, self._parent_run_id):
             self._set_tags(run_id, tags)
