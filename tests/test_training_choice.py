@@ -454,3 +454,37 @@ def test_evaluate_scores_their_convention_against_the_fetched_reference_when_the
     given = score_split(params, layout, "test", hyps, refs)
     assert "refs:dataset-lc.norm.tok" in given["bleu_moses_lc_tok_signature"] and given["bleu_moses_lc_tok"] < 100
     assert given["bleu"] == pytest.approx(100.0)  # sacreBLEU keeps scoring against the prepared references
+
+
+def test_split_gap_counts_unseen_words_and_scores_the_covered_sentences(tmp_path):
+    """benchmarks/split_gap.py: a reference word absent from the training targets is unseen (13a tokens, so the
+    final period is a token of its own); a sentence is covered only when every reference word was seen; BLEU on the
+    covered part uses only those sentences' hypotheses."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import split_gap as bench
+
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "train.de").write_text("ein hund rennt im park.\nzwei kinder spielen.\n", encoding="utf-8")
+    (prepared / "train.en").write_text("a dog runs in the park.\ntwo kids play.\n", encoding="utf-8")
+    refs = ["ein hund rennt.", "zwei katzen schlafen.", "zwei kinder spielen im park."]
+    for split in ("test_2016_flickr", "test_2017_flickr"):
+        (prepared / f"{split}.de").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+        (prepared / f"{split}.en").write_text("a\nb\nc\n", encoding="utf-8")
+    rows, covered = bench.split_stats(prepared, "en", "de")
+    assert [r["split"] for r in rows] == ["test_2016_flickr", "test_2017_flickr"]
+    assert covered["test_2016_flickr"] == [True, False, True]
+    assert rows[0]["ref_tokens"] == pytest.approx(14 / 3)  # 4 + 4 + 6 tokens
+    assert rows[0]["unseen_tokens"] == pytest.approx(100 * 2 / 14)  # "katzen", "schlafen"
+    assert rows[0]["unseen_sentences"] == pytest.approx(100 / 3)
+
+    hyps = tmp_path / "eval"
+    hyps.mkdir()
+    for split in ("test_2016_flickr", "test_2017_flickr"):
+        (hyps / f"{split}.hyp.de").write_text("ein hund rennt.\nganz anders hier.\nzwei kinder spielen im park.\n",
+                                              encoding="utf-8")
+    m = bench.model_rows("m", hyps, prepared, "de", covered)
+    assert m["test_2016_flickr:covered"] == pytest.approx(100.0) and m["test_2016_flickr"] < 100.0
