@@ -120,7 +120,7 @@ def test_moses_per_split_prefixes_and_sacrebleu_test_set(tmp_path, monkeypatch):
     from sacrebleu.dataset import DATASETS
 
     _moses(tmp_path / "a", {"train": TRAIN})
-    _moses(tmp_path / "b", {"dev": VAL})
+    _moses(tmp_path / "a" / "b", {"dev": VAL})
     wmt = DATASETS["wmt14"]
     cache = tmp_path / "sacrebleu"
     monkeypatch.setattr(wmt, "_outdir", str(cache / "wmt14"))
@@ -128,8 +128,8 @@ def test_moses_per_split_prefixes_and_sacrebleu_test_set(tmp_path, monkeypatch):
     for field in wmt.fieldnames("en-de"):  # what sacreBLEU leaves in its cache after a download
         lines = {"src": [s for s, _ in TEST], "ref": [t for _, t in TEST]}.get(field, ["x"] * len(TEST))
         _write(Path(wmt._get_txt_file_path("en-de", field)), lines)
-    params = _params({"kind": "moses", "path": str(tmp_path / "a"), "splits": {"val": str(tmp_path / "b" / "dev")},
-                      "sacrebleu": {"test": "wmt14"}})
+    params = _params({"kind": "moses", "path": str(tmp_path / "a"), "sacrebleu": {"test": "wmt14"},
+                      "splits": {"val": str(tmp_path / "a" / "b" / "dev")}})
     _run(params, tmp_path / "proj")
     assert _prepared(tmp_path / "proj", "val") == VAL and _prepared(tmp_path / "proj", "test") == TEST
     manifest = json.loads((Layout(tmp_path / "proj").corpus / SOURCE_FILE).read_text())
@@ -281,6 +281,43 @@ def test_missing_split_names_what_was_tried_and_the_splits_there_are(tmp_path):
     _moses(tmp_path / "c", {"train": TRAIN, "val": VAL})
     with pytest.raises(CorpusError, match=r"no file for split 'test'.*has splits train, val"):
         _run(_params({"kind": "moses", "path": str(tmp_path / "c")}), tmp_path / "proj")
+
+
+def test_a_split_mapped_outside_the_corpus_folder_is_refused_by_check_and_the_corpus_stage(tmp_path):
+    """DVC's corpus stage depends on ``data.corpus.path`` alone, and the data version hashes that folder: a
+    ``splits`` entry outside it would be read, but an edit to it would re-run nothing and be in no version."""
+    _moses(tmp_path / "a", {"train": TRAIN, "test": TEST})
+    _moses(tmp_path / "b", {"dev": VAL})
+    params = _params({"kind": "moses", "path": str(tmp_path / "a"), "splits": {"val": str(tmp_path / "b" / "dev")}})
+    problems = check_params(params, tmp_path)
+    assert any("data.corpus.splits.val" in p and "outside data.corpus.path" in p for p in problems), problems
+    with pytest.raises(CorpusError, match=r"data.corpus.splits.val .* is outside data.corpus.path"):
+        _run(params, tmp_path / "proj")
+    _moses(tmp_path / "a" / "extra", {"dev": VAL})  # inside the folder DVC watches: fine
+    inside = _params({"kind": "moses", "path": str(tmp_path / "a"),
+                      "splits": {"val": str(tmp_path / "a" / "extra" / "dev")}})
+    assert check_params(inside, tmp_path) == []
+    _run(inside, tmp_path / "proj")
+    assert _prepared(tmp_path / "proj", "val") == VAL
+
+
+@pytest.mark.parametrize("kind", ["moses", "tsv"])
+def test_check_names_the_files_tried_for_a_mapped_split_that_is_missing(tmp_path, kind):
+    (_moses if kind == "moses" else _tsv)(tmp_path / "a", {"train": TRAIN, "test": TEST})
+    target = str(tmp_path / "a" / ("nope" if kind == "moses" else "nope.tsv"))
+    problems = check_params(_params({"kind": kind, "path": str(tmp_path / "a"), "splits": {"val": target}}), tmp_path)
+    assert any("no file for split 'val'" in p and "nope" in p for p in problems), problems
+
+
+def test_a_file_both_plain_and_gzipped_is_refused_not_chosen(tmp_path):
+    """``train.en`` beside ``train.en.gz``: the user may have unpacked and edited one; which one is read must not
+    be a silent rule."""
+    _moses(tmp_path / "c", SPLITS)
+    _write(tmp_path / "c" / "train.en.gz", [s.upper() for s, _ in TRAIN], gz=True)
+    params = _params({"kind": "moses", "path": str(tmp_path / "c")})
+    assert any("both" in p and "train.en.gz" in p for p in check_params(params, tmp_path))
+    with pytest.raises(CorpusError, match=r"both .*train\.en and .*train\.en\.gz"):
+        _run(params, tmp_path / "proj")
 
 
 @pytest.mark.parametrize("case", ["val-is-test", "test-in-train"])

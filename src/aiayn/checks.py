@@ -26,7 +26,7 @@ __all__ = ["check_params", "check_params_file", "load_checked"]
 
 def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
     """``(sections involved, message)`` per problem."""
-    from aiayn.data.sources import available_splits
+    from aiayn.data.sources import available_splits, split_problems
 
     d, q, t = params.data, params.quantize, params.train
     out: list[tuple[set[str], str]] = []
@@ -46,11 +46,13 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
         out.append(({"data"}, f"data.corpus.sacrebleu names {stray}, which are not in data.test_splits"))
     have = available_splits(d, root)
     if have is not None:
-        lacking = [s for s in d.splits if s not in have]
+        lacking = [s for s in d.splits if s not in have and s not in d.corpus.splits]
         if lacking:
             where = d.corpus.kind if d.corpus.kind == "multi30k" else f"the {d.corpus.kind} corpus in {d.corpus.path}"
             out.append(({"data"}, f"{where} has no split {', '.join(lacking)} for {d.pair}; it has "
                                   f"{', '.join(have) or 'none'}"))
+        if root is not None:  # the rest as the corpus stage finds it: mapped files, outside the folder, .gz twins
+            out += [({"data"}, m) for m in split_problems(d, root, [s for s in d.splits if s not in lacking])]
     if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
         path = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
         if not path.exists():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from aiayn.config import DataConfig, corpus_identity
@@ -30,8 +31,8 @@ from aiayn.corpus import MIRROR_ENV, MULTI30K_SHA256, CorpusError
 from aiayn.data.readers import JsonlPairs, MosesPairs, PairReader, TsvPairs
 from aiayn.io import atomic_write_json, atomic_write_text, sha256_file
 
-__all__ = ["SOURCE_FILE", "SUMS_FILE", "multi30k_splits", "available_splits", "corpus_identity", "snapshot",
-           "multi30k_manifest", "load_manifest", "split_reader", "manifest_matches"]
+__all__ = ["SOURCE_FILE", "SUMS_FILE", "multi30k_splits", "available_splits", "outside_splits", "split_problems",
+           "corpus_identity", "snapshot", "multi30k_manifest", "load_manifest", "split_reader", "manifest_matches"]
 
 SOURCE_FILE = "SOURCE.json"
 SUMS_FILE = "SHA256SUMS"
@@ -64,10 +65,44 @@ def _portable(origin: str, root: Path) -> str:
 
 
 def _gz_or_plain(stem: Path) -> Path | None:
-    for candidate in (stem.with_name(stem.name + ".gz"), stem):
-        if candidate.is_file():
-            return candidate
-    return None
+    """``{stem}.gz`` or ``{stem}``, whichever exists; ``CorpusError`` when both do (``_one``)."""
+    return _one([c for c in (stem.with_name(stem.name + ".gz"), stem) if c.is_file()])
+
+
+def _one(found: list[Path]) -> Path | None:
+    if len(found) > 1:  # one may be an edited, unpacked copy of the other: which is read must not be a silent rule
+        raise CorpusError(f"both {found[1]} and {found[0]} exist: remove the one that is not your corpus")
+    return found[0] if found else None
+
+
+def outside_splits(data: DataConfig, root: Path) -> list[str]:
+    """One line per ``data.corpus.splits`` entry of a local corpus whose file (or moses prefix) lies outside
+    ``data.corpus.path``. DVC's ``corpus`` stage depends on that folder alone (``dvc.yaml``) and the data version
+    hashes it, so an edit to a file outside it would re-run nothing and be in no version."""
+    c = data.corpus
+    if c.kind in ("multi30k", "hf"):
+        return []
+    base = _resolve(root, c.path).resolve()
+    return [f"data.corpus.splits.{split} {target!r} is outside data.corpus.path {c.path!r}: DVC watches that "
+            "folder only, so edits to the file would re-run nothing; move it into the folder"
+            for split, target in sorted(c.splits.items())
+            if not _resolve(root, target).resolve().is_relative_to(base)]
+
+
+def split_problems(data: DataConfig, root: Path, splits: Iterable[str] | None = None) -> list[str]:
+    """Why a local corpus's ``splits`` (default: every split ``data`` reads) cannot be read, one line each (empty:
+    each has its files): a split mapped outside ``data.corpus.path``, files missing (the names tried), a file both
+    plain and gzipped. What the corpus stage would raise, found without reading a byte."""
+    if data.corpus.kind in ("multi30k", "hf"):
+        return []
+    out = outside_splits(data, root)
+    for split in data.splits if splits is None else splits:
+        if split not in data.corpus.sacrebleu:
+            try:
+                _local_split(data, root, split)
+            except CorpusError as e:
+                out.append(str(e))
+    return out
 
 
 def available_splits(data: DataConfig, root: Path | None) -> tuple[str, ...] | None:
@@ -77,11 +112,11 @@ def available_splits(data: DataConfig, root: Path | None) -> tuple[str, ...] | N
     c = data.corpus
     if c.kind == "hf":
         return None
-    extra = set(c.splits) | set(c.sacrebleu)
     if c.kind == "multi30k":
         return tuple(sorted(set(multi30k_splits(data.src_lang, data.tgt_lang)) | set(c.sacrebleu)))
     if root is None:
         return None
+    extra = {s for s in c.splits if all(_split_files(data, root, s)[1])} | set(c.sacrebleu)
     folder = _resolve(root, c.path)
     found: set[str] = set()
     if folder.is_dir():
@@ -89,7 +124,7 @@ def available_splits(data: DataConfig, root: Path | None) -> tuple[str, ...] | N
             name = f.name.removesuffix(".gz")
             if c.kind == "moses" and name.endswith(f".{data.src_lang}"):
                 split = name.removesuffix(f".{data.src_lang}")
-                if _gz_or_plain(folder / f"{split}.{data.tgt_lang}"):
+                if any(_split_files(data, root, split)[1][1]):
                     found.add(split)
             elif c.kind != "moses" and name.endswith(_SUFFIX[c.kind]):
                 found.add(name.removesuffix(_SUFFIX[c.kind]))
@@ -133,32 +168,33 @@ def multi30k_manifest(raw_dir: Path, data: DataConfig, *, verify: bool = False) 
     return {"identity": corpus_identity(data), "splits": splits}
 
 
-def _local_split(data: DataConfig, root: Path, split: str) -> tuple[str, list[Path]]:
-    """``(format, files)`` of one split of a local corpus; ``CorpusError`` naming what was tried."""
+def _split_files(data: DataConfig, root: Path, split: str) -> tuple[list[str], list[list[Path]]]:
+    """Where one split of a local corpus may live: the names tried, and per side (a moses split's two
+    ``{prefix}.{lang}``, else its one file) the files that exist, ``{stem}.gz`` first (a ``splits`` file of a
+    tsv/jsonl corpus: exactly as given)."""
     c = data.corpus
     base = _resolve(root, c.path)
+    if c.kind != "moses" and split in c.splits:
+        given = _resolve(root, c.splits[split])
+        return [str(given)], [[given] if given.is_file() else []]
     if c.kind == "moses":
         prefix = _resolve(root, c.splits[split]) if split in c.splits else base / split
-        files, tried = [], []
-        for lang in (data.src_lang, data.tgt_lang):
-            stem = prefix.with_name(f"{prefix.name}.{lang}")
-            found = _gz_or_plain(stem)
-            tried += [str(stem) + ".gz", str(stem)]
-            if found:
-                files.append(found)
-        if len(files) == 2:
-            return "moses", files
+        stems = [prefix.with_name(f"{prefix.name}.{lang}") for lang in (data.src_lang, data.tgt_lang)]
     else:
-        if split in c.splits:
-            found = _resolve(root, c.splits[split])
-            tried = [str(found)]
-            found = found if found.is_file() else None
-        else:
-            stem = base / f"{split}{_SUFFIX[c.kind]}"
-            tried = [str(stem) + ".gz", str(stem)]
-            found = _gz_or_plain(stem)
-        if found:
-            return c.kind, [found]
+        stems = [base / f"{split}{_SUFFIX[c.kind]}"]
+    pairs = [(stem.with_name(stem.name + ".gz"), stem) for stem in stems]
+    return [str(f) for pair in pairs for f in pair], [[f for f in pair if f.is_file()] for pair in pairs]
+
+
+def _local_split(data: DataConfig, root: Path, split: str) -> tuple[str, list[Path]]:
+    """``(format, files)`` of one split of a local corpus; ``CorpusError`` naming what was tried, or the two
+    files when one is there both plain and gzipped."""
+    c = data.corpus
+    base = _resolve(root, c.path)
+    tried, sides = _split_files(data, root, split)
+    files = [_one(side) for side in sides]
+    if all(files):
+        return c.kind, files
     have = available_splits(data, root)
     raise CorpusError(f"{c.kind} corpus: no file for split {split!r} ({data.pair}): tried {', '.join(tried)}; "
                       f"{base} has splits {', '.join(have) if have else 'none'}")
@@ -205,6 +241,9 @@ def snapshot(data: DataConfig, root: Path, out_dir: Path) -> dict[str, Any]:
             hub.export_hf_split(ds[theirs], src, tgt, out_dir / name, origin)
             splits[split] = {"format": "jsonl", "files": [name], "origin": [origin]}
     else:
+        outside = outside_splits(data, root)
+        if outside:
+            raise CorpusError("; ".join(outside))
         for split in own:
             fmt, files = _local_split(data, root, split)
             if fmt == "moses":
