@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from aiayn.cli import app
+from aiayn.config import EvalConfig
 from aiayn.decoders import DecodeOptions
 
 
@@ -42,13 +43,16 @@ def test_every_default_an_option_states_is_shown(monkeypatch):
 
 
 def test_the_defaults_translate_states_are_its_decoding_defaults(monkeypatch):
-    """The numbers are written into the help by hand (the options default to None: the bundle's, else these)."""
+    """The options default to None: the bundle's options, else the evaluate block of params.yaml; each help names
+    the ``evaluate`` field that ``DecodeOptions.from_eval`` maps to that option."""
     shown = _flat(_help(monkeypatch, "translate"))
-    for option, value in [("--beam-size", DecodeOptions.beam_size), ("--len-penalty", DecodeOptions.len_penalty),
-                          ("--max-len-a", DecodeOptions.max_len_a), ("--max-len-b", DecodeOptions.max_len_b),
-                          ("--max-tokens", DecodeOptions.max_tokens)]:
-        stated = re.search(re.escape(option) + r" .*?\[default: ([0-9.]+), or the bundle's\]", shown)
-        assert stated and float(stated.group(1)) == value, (option, value)
+    e = EvalConfig(beam_size=3, len_penalty=0.7, max_len_a=1.5, max_len_b=20, max_tokens=900)
+    options = DecodeOptions.from_eval(e)
+    for option in ("--beam-size", "--len-penalty", "--max-len-a", "--max-len-b", "--max-tokens"):
+        stated = re.search(re.escape(option) + r" .*?\[default: evaluate\.([a-z_]+)\]", shown)
+        assert stated, option
+        field = stated.group(1)
+        assert field == option[2:].replace("-", "_") and getattr(options, field) == getattr(e, field), option
 
 
 def test_each_paragraph_of_a_help_text_is_one_line_without_markup(monkeypatch):

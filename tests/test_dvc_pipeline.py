@@ -181,6 +181,14 @@ def test_translate_cli_on_the_trained_bundle(project):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all("▁" not in line for line in lines)
+    from aiayn.config import load_params
+
+    d = load_params(root / "params.yaml").data  # no flags, in the project: the evaluate stage's output, line for line
+    split = d.test_splits[0]
+    same = subprocess.run([str(BIN / "aiayn"), "translate", f"artifacts/prepared/{split}.{d.src_lang}"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0, same.stderr
+    assert same.stdout == (root / "artifacts" / "eval" / f"{split}.hyp.{d.tgt_lang}").read_text(encoding="utf-8")
     bad = subprocess.run([str(BIN / "aiayn"), "translate", "--model-dir", "nowhere"], input="x\n", cwd=root, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not found" in bad.stderr

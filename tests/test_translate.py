@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 import aiayn as aiayn_package
@@ -78,6 +79,13 @@ def bundle(multi30k_mirror, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def translator(bundle) -> Translator:
     return Translator.from_dir(bundle, device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _outside_a_project(tmp_path, monkeypatch):
+    """`aiayn translate` decodes with ./params.yaml's evaluate block; pytest runs in the repository (the main job's
+    params.yaml): each test runs in an empty folder of its own."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture()
@@ -669,3 +677,24 @@ def test_train_sigint_end_to_end(multi30k_mirror, tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert f"checkpoint saved in {tmp_path / 'artifacts' / 'checkpoints'}" in err
+
+
+def test_cli_decodes_with_the_evaluate_block_of_params_yaml(bundle, tmp_path, monkeypatch):
+    """Without decoding flags, `aiayn translate` on the model folder decodes as the evaluate stage did: the
+    ``evaluate`` block of ``--params`` (default ``./params.yaml``); flags still win over it."""
+    data = b"A dog runs.\nTwo men walk in the snow.\nA girl in a red coat plays with a ball on the beach.\n"
+    flags = cli("--model-dir", str(bundle), "--beam-size", "2", "--len-penalty", "1.0", "--max-len-b", "3", input=data)
+    built_in = cli("--model-dir", str(bundle), input=data)
+    assert flags.exit_code == 0 and built_in.exit_code == 0 and flags.stdout != built_in.stdout  # the test can fail
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"evaluate": {"beam_size": 2, "len_penalty": 1.0, "max_len_b": 3}}))
+    given = cli("--model-dir", str(bundle), "--params", str(params), input=data)
+    assert given.exit_code == 0, given.output
+    assert given.stdout == flags.stdout
+    monkeypatch.chdir(tmp_path)  # ./params.yaml, as in a project
+    assert cli("--model-dir", str(bundle), input=data).stdout == flags.stdout
+    wins = cli("--model-dir", str(bundle), "--max-len-b", "50", "--beam-size", "4", "--len-penalty", "0.6", input=data)
+    assert wins.stdout == built_in.stdout
+    params.write_text("evaluate: {beam_size: 0}\n")
+    bad = cli("--model-dir", str(bundle), input=data)
+    assert bad.exit_code == 2 and "beam_size" in bad.stderr

@@ -183,11 +183,16 @@ def translate(
     model_dir: Annotated[Path, typer.Option(help="Model bundle (model.json, model.safetensors, spm.model).")] = Path("artifacts/model"),
     bundle: Annotated[Optional[Path], typer.Option(help="Use this serving bundle (artifacts/export: CTranslate2 or eager) and its decoding options, as `aiayn serve` does.")] = None,
     checkpoint: Annotated[Optional[Path], typer.Option(help="Use these weights instead (a .safetensors or a ckpt_*.json).")] = None,
-    beam_size: Annotated[Optional[int], typer.Option(min=1, help="1 = greedy. [default: 4, or the bundle's]")] = None,
-    len_penalty: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 0.6, or the bundle's]")] = None,
-    max_len_a: Annotated[Optional[float], typer.Option(min=0.0, help="[default: 1.0, or the bundle's]")] = None,
-    max_len_b: Annotated[Optional[int], typer.Option(min=1, help="[default: 50, or the bundle's]")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(min=16, help="Source tokens per batch. [default: 4000, or the bundle's]")] = None,
+    params: Annotated[Optional[Path], typer.Option("--params", "-p", help="params.yaml whose evaluate block gives the "
+                                                   "decoding defaults, as the evaluate stage decoded (default: "
+                                                   "./params.yaml when present, else the built-in defaults; a "
+                                                   "--bundle brings its own).")] = None,
+    beam_size: Annotated[Optional[int], typer.Option(min=1, help="1 = greedy. [default: evaluate.beam_size]")] = None,
+    len_penalty: Annotated[Optional[float], typer.Option(min=0.0, help="[default: evaluate.len_penalty]")] = None,
+    max_len_a: Annotated[Optional[float], typer.Option(min=0.0, help="[default: evaluate.max_len_a]")] = None,
+    max_len_b: Annotated[Optional[int], typer.Option(min=1, help="[default: evaluate.max_len_b]")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        min=16, help="Source tokens per batch. [default: evaluate.max_tokens]")] = None,
     nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each line (at most --beam-size), each as `LINE<TAB>translation` (LINE: 0-based input line).")] = 1,
     scores: Annotated[bool, typer.Option("--scores", help="Put each translation's score (length-normalised log-probability) and a tab before it.")] = False,
     interactive: Annotated[bool, typer.Option("--interactive", help="Translate each line as soon as it is read (the default when standard input is a terminal).")] = False,
@@ -215,7 +220,7 @@ def translate(
     out: Optional[_Output] = None
     try:
         with contextlib.ExitStack() as stack:
-            translator, options = _open_translator(model_dir, bundle, checkpoint, device, overrides, nbest)
+            translator, options = _open_translator(model_dir, bundle, checkpoint, device, overrides, nbest, params)
             write = _line_writer(nbest, scores)
             if interactive:
                 out = _Output(output, stack)
@@ -268,12 +273,12 @@ def export_hf(
     """
     setup_logging()
     from aiayn.checkpoint import CheckpointError
-    from aiayn.config import ConfigError, Params, load_params
+    from aiayn.config import ConfigError
     from aiayn.decoders import DecodeOptions
     from aiayn.hf_marian import MarianExportError, export_marian
 
     try:
-        p = load_params(params) if params is not None or Path("params.yaml").is_file() else Params()
+        p = _params_or_defaults(params)
         decode = DecodeOptions.from_eval(p.evaluate)
         out = export_marian(model_dir, output, decode=decode, src_lang=p.data.src_lang, tgt_lang=p.data.tgt_lang)
     except (ConfigError, FileNotFoundError, MarianExportError, CheckpointError, ValueError) as err:
@@ -288,11 +293,22 @@ def _fail(e: BaseException) -> None:
     raise typer.Exit(2) from None
 
 
+def _params_or_defaults(params: Optional[Path]):
+    """``--params``, else ``./params.yaml`` when present, else the built-in ``Params()``; ``ConfigError`` when the
+    file does not load."""
+    from aiayn.config import Params, load_params
+
+    if params is None and not Path("params.yaml").is_file():
+        return Params()
+    return load_params(params if params is not None else Path("params.yaml"))
+
+
 def _open_translator(model_dir: Path, bundle: Optional[Path], checkpoint: Optional[Path], device: str,
-                     overrides: dict, nbest: int):
-    """``(Translator, DecodeOptions)`` before any input is read: the trained model folder decoded eagerly,
-    or a serving bundle (its runtime and decoding options, ``aiayn.export.BundlePredictor``), with the
-    options given on the command line. Bad model or option: ``_fail``."""
+                     overrides: dict, nbest: int, params: Optional[Path] = None):
+    """``(Translator, DecodeOptions)`` before any input is read: the trained model folder decoded eagerly with
+    the ``evaluate`` block of ``params`` (``_params_or_defaults``), or a serving bundle (its runtime and decoding
+    options, ``aiayn.export.BundlePredictor``); options given on the command line win. Bad model, params or
+    option: ``_fail``."""
     from dataclasses import replace
 
     from aiayn.checkpoint import CheckpointError
@@ -311,7 +327,8 @@ def _open_translator(model_dir: Path, bundle: Optional[Path], checkpoint: Option
         else:
             from aiayn.translate import Translator
 
-            translator, options = Translator.from_dir(model_dir, weights=checkpoint, device=device), DecodeOptions()
+            options = DecodeOptions.from_eval(_params_or_defaults(params).evaluate)
+            translator = Translator.from_dir(model_dir, weights=checkpoint, device=device)
         options = replace(options, **{k: v for k, v in overrides.items() if v is not None})
         if nbest > options.beam_size:
             raise ValueError(f"--nbest {nbest} needs --beam-size {nbest} or more (beam size {options.beam_size})")
