@@ -40,11 +40,12 @@ apply_project_env()  # before Prefect is imported: it reads its settings once
 
 from prefect import Flow, flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.states import Cancelled  # noqa: E402
+from prefect.states import Cancelled, Failed  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
 from aiayn.checks import load_checked  # noqa: E402
 from aiayn.config import Params  # noqa: E402
+from aiayn.exitcodes import INPUT_ERRORS  # noqa: E402
 from aiayn.retry import is_transient as core_is_transient  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 from pipelines.stages import stage_module  # noqa: E402
@@ -160,7 +161,10 @@ def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
 @task(name="run-stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
 def run_stage(stage: str, params: Params, layout: Layout) -> dict:
     """Run the stage's ``run(params, layout, recorder)`` (``pipelines.stages.stage_module``) with the MLflow
-    recorder of ``layout.root`` and return its summary (never retried)."""
+    recorder of ``layout.root`` and return its summary (never retried). Bad input (``aiayn.exitcodes.INPUT_ERRORS``:
+    a corpus, a value, params) is logged in one line and returned as ``{FAILED_KEY: "<Type>: <message>"}``, so
+    the flow fails as ``aiayn <stage>`` does, without Prefect's task and flow tracebacks of an error that is not
+    the code's (the interrupted stage's ``Cancelled`` works the same way); a bug still raises, with its traceback."""
     from aiayn.settings import Settings
     from aiayn.tracking import MlflowRecorder
 
@@ -172,6 +176,9 @@ def run_stage(stage: str, params: Params, layout: Layout) -> dict:
     except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; one line, no traceback
         get_run_logger().warning("%s interrupted: %s", stage, e)
         return {INTERRUPTED_KEY: str(e)}
+    except INPUT_ERRORS as e:  # bad input (a corpus, a value, params): its one line, as `aiayn <stage>` says it
+        get_run_logger().error("%s failed: %s: %s", stage, type(e).__name__, e)
+        return {FAILED_KEY: f"{type(e).__name__}: {e}"}
     get_run_logger().info("%s summary: %s", stage, summary)
     return summary
 
@@ -188,6 +195,8 @@ def fetch_corpus(layout: Layout, mirror: str | None = None) -> dict:
 
 #: Key of the summary a stage returns when it was interrupted (its flow run ends ``Cancelled``).
 INTERRUPTED_KEY = "interrupted"
+#: Key of the summary a stage returns when its input was bad (``run_stage``): its flow run ends ``Failed``.
+FAILED_KEY = "failed"
 
 
 def _run(stage: str, params_path: str, root: str) -> Any:
@@ -196,6 +205,8 @@ def _run(stage: str, params_path: str, root: str) -> Any:
     summary = run_stage(stage, params, Layout(root_path))
     if INTERRUPTED_KEY in summary:
         return Cancelled(message=summary[INTERRUPTED_KEY])
+    if FAILED_KEY in summary:
+        return Failed(message=summary[FAILED_KEY])
     return summary
 
 

@@ -131,6 +131,25 @@ def test_stage_cli_exit_status_and_error_file(tmp_path, prefect_harness, capsys,
     assert bad.value.code == 2
 
 
+def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_harness):
+    """What ``dvc repro`` runs (``python -m pipelines.stage``) on a missing corpus: the stage's own message once, as
+    ``aiayn prepare`` says it, without Prefect's task and flow tracebacks (an error of the input, not of the code;
+    a bug still gets its traceback, as ``aiayn <stage>`` would)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "params.yaml").write_text(SMOKE.read_text())
+    env = os.environ | {"PREFECT_API_URL": prefect_harness, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}",
+                        "AIAYN_TRACKING": "0"}
+    proc = subprocess.run([sys.executable, "-m", "pipelines.stage", "prepare", "--root", str(tmp_path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "stage prepare failed: CorpusError: raw corpus file(s) missing" in proc.stderr, out
+    assert "Traceback" not in out, out
+
+
 # --------------------------------------------------------------------------- retries
 
 

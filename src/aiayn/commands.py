@@ -19,8 +19,7 @@ from typing import Annotated
 import typer
 
 from aiayn.checks import load_checked
-from aiayn.config import ConfigError
-from aiayn.exitcodes import EXIT_INTERRUPTED
+from aiayn.exitcodes import EXIT_INTERRUPTED, INPUT_ERRORS
 from aiayn.stages import Layout
 
 __all__ = [
@@ -98,7 +97,7 @@ def stage_command(name: str, module: str, doc: str) -> Callable[..., None]:
         except KeyboardInterrupt:  # Ctrl-C outside the train loop's own handler (loading, averaging)
             typer.echo(f"aiayn {name}: interrupted", err=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        except (ConfigError, FileNotFoundError, ValueError) as e:
+        except INPUT_ERRORS as e:
             typer.echo(f"aiayn {name}: error: {e}", err=True)
             raise typer.Exit(2) from e
         typer.echo(json.dumps(summary, indent=2, default=str))

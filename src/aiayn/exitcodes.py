@@ -7,8 +7,8 @@ number so that callers (DVC, Prefect, CI scripts) read it alike.
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT", "CUT_PREFIX", "training_was_cut",
-           "cut_warning_markdown"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "EXIT_TRAINING_CUT", "CUT_PREFIX", "INPUT_ERRORS",
+           "training_was_cut", "cut_warning_markdown"]
 
 #: Exit status after SIGINT / Ctrl-C or SIGTERM was handled (128 + SIGINT = 130), as shells report Ctrl-C.
 EXIT_INTERRUPTED = 130
@@ -18,6 +18,10 @@ EXIT_BROKEN_PIPE = 141
 #: (``train.max_time_s``) or a signal: its report, metrics and model exist, yet the model is not the
 #: configured one, so callers (``make run && ...``, schedulers, CI) must not take it for a success.
 EXIT_TRAINING_CUT = 3
+#: Errors of the input, not of the code: bad params (``ConfigError``), a missing file, a bad value (``CorpusError``,
+#: ``TokenizerError``, ... are ``ValueError``). Every entry point says them in one line without a traceback:
+#: ``aiayn <stage>`` (exit 2) and the Prefect stage flows that ``dvc repro`` runs (a failed run, exit 1).
+INPUT_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, ValueError)
 #: The first word of the train stage's budget line when the run was cut (``aiayn.stages.train.budget_line``:
 #: ``CUT by <reason> at step ...``); ``complete: ...`` otherwise.
 CUT_PREFIX = "CUT"
