@@ -301,6 +301,13 @@ def test_a_split_mapped_outside_the_corpus_folder_is_refused_by_check_and_the_co
     assert _prepared(tmp_path / "proj", "val") == VAL
 
 
+def test_check_names_the_languages_of_a_moses_folder_that_lacks_the_pair(tmp_path):
+    _moses(tmp_path / "c", SPLITS)  # en and de
+    problems = check_params(_params({"kind": "moses", "path": str(tmp_path / "c")}, tgt_lang="fr"), tmp_path)
+    assert any("has no split train, val, test for en-fr; it has none (its files' languages: de, en)" in p
+               for p in problems), problems
+
+
 @pytest.mark.parametrize("kind", ["moses", "tsv"])
 def test_check_names_the_files_tried_for_a_mapped_split_that_is_missing(tmp_path, kind):
     (_moses if kind == "moses" else _tsv)(tmp_path / "a", {"train": TRAIN, "test": TEST})

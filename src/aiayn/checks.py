@@ -26,7 +26,7 @@ __all__ = ["check_params", "check_params_file", "load_checked"]
 
 def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
     """``(sections involved, message)`` per problem."""
-    from aiayn.data.sources import available_splits, split_problems
+    from aiayn.data.sources import available_splits, moses_languages, split_problems
 
     d, q, t = params.data, params.quantize, params.train
     out: list[tuple[set[str], str]] = []
@@ -49,8 +49,10 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
         lacking = [s for s in d.splits if s not in have and s not in d.corpus.splits]
         if lacking:
             where = d.corpus.kind if d.corpus.kind == "multi30k" else f"the {d.corpus.kind} corpus in {d.corpus.path}"
+            langs = moses_languages(d, root) if root is not None else []
             out.append(({"data"}, f"{where} has no split {', '.join(lacking)} for {d.pair}; it has "
-                                  f"{', '.join(have) or 'none'}"))
+                                  f"{', '.join(have) or 'none'}" + (f" (its files' languages: {', '.join(langs)})"
+                                                                     if langs and not have else "")))
         if root is not None:  # the rest as the corpus stage finds it: mapped files, outside the folder, .gz twins
             out += [({"data"}, m) for m in split_problems(d, root, [s for s in d.splits if s not in lacking])]
     if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:

@@ -10,6 +10,8 @@ Errors: ``ScoringError`` (a ``ValueError``) naming the offending line.
 
 from __future__ import annotations
 
+from textwrap import shorten
+
 from sacrebleu.metrics import BLEU, CHRF
 
 __all__ = ["ScoringError", "score", "SUBWORD_MARKERS", "bleu_tokenizer", "LANGUAGE_TOKENIZERS"]
@@ -56,7 +58,7 @@ def bleu_tokenizer(tgt_lang: str, choice: str = "auto") -> str:
             BLEU(tokenize=name)
         except Exception as e:  # noqa: BLE001 - ImportError, download errors: one line naming the need
             raise ScoringError(f"BLEU for target language {tgt_lang!r} needs sacreBLEU's {name} tokenizer, which "
-                               f"is not available here ({type(e).__name__}: {' '.join(str(e).split())[:100]}); it needs "
+                               f"is not available here ({type(e).__name__}: {shorten(str(e), 160)}); it needs "
                                f"{_NEEDS[name]}. Or set evaluate.bleu_tokenize to another tokenizer (char, intl), "
                                "knowing scores are then not comparable with published ones") from e
     return name

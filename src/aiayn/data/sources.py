@@ -32,7 +32,8 @@ from aiayn.data.readers import JsonlPairs, MosesPairs, PairReader, TsvPairs
 from aiayn.io import atomic_write_json, atomic_write_text, sha256_file
 
 __all__ = ["SOURCE_FILE", "SUMS_FILE", "multi30k_splits", "available_splits", "outside_splits", "split_problems",
-           "corpus_identity", "snapshot", "multi30k_manifest", "load_manifest", "split_reader", "manifest_matches"]
+           "moses_languages", "corpus_identity", "snapshot", "multi30k_manifest", "load_manifest", "split_reader",
+           "manifest_matches"]
 
 SOURCE_FILE = "SOURCE.json"
 SUMS_FILE = "SHA256SUMS"
@@ -129,6 +130,15 @@ def available_splits(data: DataConfig, root: Path | None) -> tuple[str, ...] | N
             elif c.kind != "moses" and name.endswith(_SUFFIX[c.kind]):
                 found.add(name.removesuffix(_SUFFIX[c.kind]))
     return tuple(sorted(found | extra))
+
+
+def moses_languages(data: DataConfig, root: Path) -> list[str]:
+    """The language codes of a moses folder's files (``{split}.{lang}[.gz]``), sorted; empty for other kinds."""
+    folder = _resolve(root, data.corpus.path)
+    if data.corpus.kind != "moses" or not folder.is_dir():
+        return []
+    return sorted({f.name.removesuffix(".gz").rsplit(".", 1)[1] for f in folder.iterdir()
+                   if f.is_file() and "." in f.name.removesuffix(".gz")})
 
 
 # --------------------------------------------------------------------------- one split's files
