@@ -201,7 +201,11 @@ FAILED_KEY = "failed"
 
 def _run(stage: str, params_path: str, root: str) -> Any:
     root_path = Path(root).resolve()
-    params = load_checked(root_path / params_path, root_path)  # an absolute params_path stays as is
+    try:
+        params = load_checked(root_path / params_path, root_path)  # an absolute params_path stays as is
+    except INPUT_ERRORS as e:  # params `aiayn check` refuses: one line, as run_stage says a bad input
+        get_run_logger().error("%s: %s: %s", stage, type(e).__name__, e)
+        return Failed(message=f"{type(e).__name__}: {e}")
     summary = run_stage(stage, params, Layout(root_path))
     if INTERRUPTED_KEY in summary:
         return Cancelled(message=summary[INTERRUPTED_KEY])

@@ -293,6 +293,9 @@ def test_a_split_mapped_outside_the_corpus_folder_is_refused_by_check_and_the_co
     assert any("data.corpus.splits.val" in p and "outside data.corpus.path" in p for p in problems), problems
     with pytest.raises(CorpusError, match=r"data.corpus.splits.val .* is outside data.corpus.path"):
         _run(params, tmp_path / "proj")
+    relative = _params({"kind": "moses", "path": str(tmp_path / "a"), "splits": {"val": "b/dev"}})
+    assert any(f"'b/dev' (= {tmp_path / 'b' / 'dev'}: a relative path is the project root's)" in p
+               for p in check_params(relative, tmp_path))
     _moses(tmp_path / "a" / "extra", {"dev": VAL})  # inside the folder DVC watches: fine
     inside = _params({"kind": "moses", "path": str(tmp_path / "a"),
                       "splits": {"val": str(tmp_path / "a" / "extra" / "dev")}})

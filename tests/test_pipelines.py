@@ -148,6 +148,15 @@ def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_
     assert proc.returncode == 1, out
     assert "stage prepare failed: CorpusError: raw corpus file(s) missing" in proc.stderr, out
     assert "Traceback" not in out, out
+    bad = tmp_path / "bad.yaml"  # params `aiayn check` refuses, found in the flow before the stage runs
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["evaluate"]["beam_size"] = 0
+    bad.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "pipelines.stage", "prepare", "--root", str(tmp_path), "--params",
+                           str(bad)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "stage prepare failed: ConfigError:" in proc.stderr and "beam_size" in out, out
+    assert "Traceback" not in out, out
 
 
 # --------------------------------------------------------------------------- retries

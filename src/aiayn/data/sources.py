@@ -83,11 +83,14 @@ def outside_splits(data: DataConfig, root: Path) -> list[str]:
     c = data.corpus
     if c.kind in ("multi30k", "hf"):
         return []
-    base = _resolve(root, c.path).resolve()
-    return [f"data.corpus.splits.{split} {target!r} is outside data.corpus.path {c.path!r}: DVC watches that "
-            "folder only, so edits to the file would re-run nothing; move it into the folder"
-            for split, target in sorted(c.splits.items())
-            if not _resolve(root, target).resolve().is_relative_to(base)]
+    base, out = _resolve(root, c.path).resolve(), []
+    for split, target in sorted(c.splits.items()):
+        found = _resolve(root, target).resolve()
+        if not found.is_relative_to(base):
+            where = "" if Path(target).is_absolute() else f" (= {found}: a relative path is the project root's)"
+            out.append(f"data.corpus.splits.{split} {target!r}{where} is outside data.corpus.path {c.path!r}: DVC "
+                       "watches that folder only, so edits to the file would re-run nothing; move it into the folder")
+    return out
 
 
 def split_problems(data: DataConfig, root: Path, splits: Iterable[str] | None = None) -> list[str]:
