@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from aiayn.config import DataConfig, corpus_identity
@@ -63,11 +63,6 @@ def _portable(origin: str, root: Path) -> str:
         return path.resolve().relative_to(Path(root).resolve()).as_posix()
     except ValueError:  # outside the project (the user's own file, a cache): what they gave
         return origin
-
-
-def _gz_or_plain(stem: Path) -> Path | None:
-    """``{stem}.gz`` or ``{stem}``, whichever exists; ``CorpusError`` when both do (``_one``)."""
-    return _one([c for c in (stem.with_name(stem.name + ".gz"), stem) if c.is_file()])
 
 
 def _one(found: list[Path]) -> Path | None:
