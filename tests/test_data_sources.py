@@ -304,6 +304,12 @@ def test_a_split_mapped_outside_the_corpus_folder_is_refused_by_check_and_the_co
     assert _prepared(tmp_path / "proj", "val") == VAL
 
 
+def test_check_still_names_a_multi30k_split_that_does_not_exist_when_splits_maps_it(tmp_path):
+    params = _params({"kind": "multi30k", "path": "data/multi30k", "splits": {"dev": "val"}}, valid_split="dev",
+                     test_splits=["test_2016_flickr"])  # Multi30k has no split mapping: "dev" is not one of its
+    assert any("multi30k has no split dev" in p for p in check_params(params, tmp_path))
+
+
 def test_check_names_the_languages_of_a_moses_folder_that_lacks_the_pair(tmp_path):
     _moses(tmp_path / "c", SPLITS)  # en and de
     problems = check_params(_params({"kind": "moses", "path": str(tmp_path / "c")}, tgt_lang="fr"), tmp_path)
