@@ -177,8 +177,7 @@ def run_stage(stage: str, params: Params, layout: Layout) -> dict:
         get_run_logger().warning("%s interrupted: %s", stage, e)
         return {INTERRUPTED_KEY: str(e)}
     except INPUT_ERRORS as e:  # bad input (a corpus, a value, params): its one line, as `aiayn <stage>` says it
-        get_run_logger().error("%s failed: %s: %s", stage, type(e).__name__, e)
-        return {FAILED_KEY: f"{type(e).__name__}: {e}"}
+        return {FAILED_KEY: _input_error(stage, e)}
     get_run_logger().info("%s summary: %s", stage, summary)
     return summary
 
@@ -199,13 +198,19 @@ INTERRUPTED_KEY = "interrupted"
 FAILED_KEY = "failed"
 
 
+def _input_error(stage: str, e: BaseException) -> str:
+    """Log a bad input (``INPUT_ERRORS``) in one line and return it as ``"<Type>: <message>"``."""
+    line = f"{type(e).__name__}: {e}"
+    get_run_logger().error("%s failed: %s", stage, line)
+    return line
+
+
 def _run(stage: str, params_path: str, root: str) -> Any:
     root_path = Path(root).resolve()
     try:
         params = load_checked(root_path / params_path, root_path)  # an absolute params_path stays as is
     except INPUT_ERRORS as e:  # params `aiayn check` refuses: one line, as run_stage says a bad input
-        get_run_logger().error("%s: %s: %s", stage, type(e).__name__, e)
-        return Failed(message=f"{type(e).__name__}: {e}")
+        return Failed(message=_input_error(stage, e))
     summary = run_stage(stage, params, Layout(root_path))
     if INTERRUPTED_KEY in summary:
         return Cancelled(message=summary[INTERRUPTED_KEY])

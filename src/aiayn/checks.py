@@ -50,10 +50,10 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
         lacking = [s for s in d.splits if s not in have and s not in mapped]
         if lacking:
             where = d.corpus.kind if d.corpus.kind == "multi30k" else f"the {d.corpus.kind} corpus in {d.corpus.path}"
-            langs = moses_languages(d, root) if root is not None else []
+            langs = moses_languages(d, root) if root is not None and not have else []  # only said when none
             out.append(({"data"}, f"{where} has no split {', '.join(lacking)} for {d.pair}; it has "
                                   f"{', '.join(have) or 'none'}" + (f" (its files' languages: {', '.join(langs)})"
-                                                                     if langs and not have else "")))
+                                                                     if langs else "")))
         if root is not None:  # the rest as the corpus stage finds it: mapped files, outside the folder, .gz twins
             out += [({"data"}, m) for m in split_problems(d, root, [s for s in d.splits if s not in lacking])]
     if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
