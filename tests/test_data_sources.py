@@ -356,6 +356,23 @@ def test_empty_line_in_a_test_split_is_fatal_and_named(tmp_path):
         _run(_params({"kind": "moses", "path": str(tmp_path / "c")}), tmp_path / "proj")
 
 
+@pytest.mark.parametrize("fmt", ["jsonl-null", "jsonl-empty", "tsv"])
+def test_an_empty_side_in_a_test_split_is_named_in_its_format_words(tmp_path, fmt):
+    """A JSONL null or a TSV empty column is not an "empty line" (the trial's report): name the field."""
+    folder = tmp_path / "c"
+    if fmt == "tsv":
+        _tsv(folder, {"train": TRAIN, "val": VAL, "test": TEST[:1] + [(TEST[1][0], "")] + TEST[2:]})
+        match = f"{folder / 'test.tsv'}:2: the 'de' column is empty (valid and test"
+    else:
+        _jsonl(folder, {"train": TRAIN, "val": VAL, "test": TEST})
+        lines = (folder / "test.jsonl").read_text(encoding="utf-8").splitlines()
+        lines[1] = json.dumps({"translation": {"en": TEST[1][0], "de": None if fmt == "jsonl-null" else ""}})
+        _write(folder / "test.jsonl", lines)
+        match = f'{folder / "test.jsonl"}:2: "translation".de is empty or null (valid and test'
+    with pytest.raises(CorpusError, match=re.escape(match)):
+        _run(_params({"kind": "tsv" if fmt == "tsv" else "jsonl", "path": str(folder)}), tmp_path / "proj")
+
+
 def test_failing_prepare_leaves_the_previous_output_intact(tmp_path):
     folder = _moses(tmp_path / "c", SPLITS)
     root = tmp_path / "proj"
@@ -423,6 +440,23 @@ def test_corpus_snapshot_is_the_same_bytes_wherever_the_project_is_cloned(multi3
         origin = json.loads((layout.corpus / SOURCE_FILE).read_text())["splits"]["train"]["origin"]
         assert origin == ["data/multi30k/train.en.gz", "data/multi30k/train.fr.gz"]  # relative to the project
     assert outputs[0] == outputs[1]
+
+
+def test_a_corpus_given_by_a_relative_path_is_recorded_as_given_from_any_clone_folder(tmp_path, monkeypatch):
+    """`data.corpus.path: ../corp` under `dvc repro` (an absolute project root) was logged and recorded in
+    SOURCE.json as `/home/.../clone/../corp/train.en`: the corpus stage's bytes depended on the clone's
+    folder and differed from `aiayn corpus`'s (a relative root). Recorded as given, `..` folded."""
+    outputs = []
+    for clone, root in (("x", None), ("y/deeper", "."), ("z", None)):
+        _moses(tmp_path / clone / "corp", SPLITS)
+        proj = tmp_path / clone / "proj"
+        proj.mkdir(parents=True)
+        monkeypatch.chdir(proj)
+        _run(_params({"kind": "moses", "path": "../corp"}), Path(root) if root else proj)
+        manifest = json.loads((proj / "artifacts" / "corpus" / SOURCE_FILE).read_text())
+        assert manifest["splits"]["train"]["origin"] == ["../corp/train.en", "../corp/train.de"]
+        outputs.append({f.name: f.read_bytes() for f in sorted((proj / "artifacts" / "corpus").iterdir())})
+    assert outputs[0] == outputs[1] == outputs[2]
 
 
 # --------------------------------------------------------------------------- Hugging Face datasets

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from aiayn.config import DataConfig
 from aiayn.corpus import BAD_CHAR, CorpusError, length_rule
+
+if TYPE_CHECKING:
+    from aiayn.data.readers import PairReader
 
 __all__ = ["TRAIN_RULES", "EVAL_CHECKS", "LanguageId", "TrainRules", "EvalChecks", "pair_digest", "check_overlaps"]
 
@@ -119,8 +123,9 @@ class TrainRules:
 class EvalChecks:
     """Checks one valid or test split without dropping anything.
 
-    ``check(lineno, src, tgt, where)`` raises ``CorpusError`` for an empty side or a control character
-    (``where(side, lineno)`` names file and line, as ``aiayn.corpus.read_lines`` did); ``counts`` has
+    ``check(lineno, src, tgt, reader)`` raises ``CorpusError`` for an empty side (``reader.empty``'s words:
+    an empty line, column or JSON field) or a control character (``reader.where(side, lineno)`` names file
+    and line, as ``aiayn.corpus.read_lines`` did); ``counts`` has
     ``duplicate`` (and, with language ID, ``langid_src``/``langid_tgt``).
     """
 
@@ -129,10 +134,11 @@ class EvalChecks:
         self.counts = {"duplicate": 0} | ({"langid_src": 0, "langid_tgt": 0} if lid is not None else {})
         self.digests: set[int] = set()
 
-    def check(self, lineno: int, src: str, tgt: str, where) -> None:
+    def check(self, lineno: int, src: str, tgt: str, reader: PairReader) -> None:
+        where = reader.where
         for side, text in (("src", src), ("tgt", tgt)):
             if not text or text.isspace():
-                raise CorpusError(f"{where(side, lineno)}: empty line (valid and test splits are never filtered: "
+                raise CorpusError(f"{reader.empty(side, lineno)} (valid and test splits are never filtered: "
                                   "fix the file)")
             bad = BAD_CHAR.search(text)
             if bad:

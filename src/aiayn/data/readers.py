@@ -71,7 +71,8 @@ def iter_lines(path: str | Path, *, display: str | None = None) -> Iterator[str]
 class PairReader:
     """A split's pairs, one pass per iteration: ``for lineno, src, tgt in reader``.
 
-    ``where(side, lineno)`` names the file and line of one side (``side``: ``"src"`` or ``"tgt"``).
+    ``where(side, lineno)`` names the file and line of one side (``side``: ``"src"`` or ``"tgt"``);
+    ``empty(side, lineno)`` says that side is empty, in the file format's own words.
     """
 
     def __iter__(self) -> Iterator[tuple[int, str, str]]:  # pragma: no cover - interface
@@ -79,6 +80,9 @@ class PairReader:
 
     def where(self, side: str, lineno: int) -> str:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def empty(self, side: str, lineno: int) -> str:
+        return f"{self.where(side, lineno)}: empty line"
 
 
 class MosesPairs(PairReader):
@@ -132,6 +136,9 @@ class TsvPairs(PairReader):
     def where(self, side: str, lineno: int) -> str:
         return f"{self.display}:{lineno}"
 
+    def empty(self, side: str, lineno: int) -> str:
+        return f"{self.display}:{lineno}: the {self.langs[side == 'tgt']!r} column is empty"
+
     def _pick(self, names: Sequence[str], lineno: int | None) -> tuple[int, int]:
         missing = [lang for lang in self.langs if lang not in names]
         if missing:
@@ -175,6 +182,9 @@ class JsonlPairs(PairReader):
 
     def where(self, side: str, lineno: int) -> str:
         return f"{self.display}:{lineno}"
+
+    def empty(self, side: str, lineno: int) -> str:
+        return f"{self.display}:{lineno}: \"translation\".{self.langs[side == 'tgt']} is empty or null"
 
     def __iter__(self) -> Iterator[tuple[int, str, str]]:
         n = 0

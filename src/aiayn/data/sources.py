@@ -21,6 +21,7 @@ Errors: ``aiayn.corpus.CorpusError`` naming the split, the files tried and the s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -50,7 +51,17 @@ def multi30k_splits(src: str, tgt: str) -> tuple[str, ...]:
 
 
 def _resolve(root: Path, path: str) -> Path:
-    return Path(path) if Path(path).is_absolute() else Path(root) / path
+    """``path`` from params, absolute; a relative one is taken from the project ``root``, ``..`` folded."""
+    return Path(os.path.normpath(path if Path(path).is_absolute() else Path(root) / path))
+
+
+def _as_given(path: Path, root: Path, given: str) -> str:
+    """How SOURCE.json and the log name a local corpus file: relative to the project when params gave a
+    relative path (``../corpus/train.en``, the same bytes from any clone folder and either entry point),
+    else absolute; ``..`` folded in both."""
+    if Path(given).is_absolute():
+        return os.path.normpath(path)
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(root))).as_posix()
 
 
 def _portable(origin: str, root: Path) -> str:
@@ -258,7 +269,8 @@ def snapshot(data: DataConfig, root: Path, out_dir: Path) -> dict[str, Any]:
                 names = [_copy(f, out_dir, f"{split}.{lang}") for f, lang in zip(files, (src, tgt))]
             else:
                 names = [_copy(files[0], out_dir, f"{split}{_SUFFIX[fmt]}")]
-            splits[split] = {"format": fmt, "files": names, "origin": [str(f) for f in files]}
+            given = c.splits.get(split, c.path)
+            splits[split] = {"format": fmt, "files": names, "origin": [_as_given(f, root, given) for f in files]}
     for split, test_set in sorted(c.sacrebleu.items()):
         from aiayn.data import hub
 

@@ -91,7 +91,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
             check = EvalChecks(data, lid)
             pairs = []
             for lineno, src, tgt in reader:
-                check.check(lineno, src, tgt, reader.where)
+                check.check(lineno, src, tgt, reader)
                 pairs.append((src, tgt))
             digests[split], checks[split] = check.digests, check.counts
             if split in data.test_splits:
