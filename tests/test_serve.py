@@ -25,6 +25,7 @@ from aiayn.decoders import DecodeOptions  # noqa: E402
 from aiayn.export import BundlePredictor, build_bundle, sentences_from_input  # noqa: E402
 from aiayn.export import register_bundle  # noqa: E402
 from aiayn.tracking import CHALLENGER, CHAMPION, choose_alias  # noqa: E402
+from aiayn.tracking.registry import PYFUNC_CODE_FILE, pyfunc_code  # noqa: E402
 from aiayn.request_log import SqliteRequestLog as RequestLog  # noqa: E402
 from aiayn.serve import LogWriteError, MicroBatcher, ServeConfig, ServedModel, create_app  # noqa: E402
 from aiayn.translate import Translator  # noqa: E402
@@ -213,6 +214,26 @@ def test_pyfunc_model_answers_a_list_and_a_frame_alike_and_refuses_wrong_types(w
         with pytest.raises(MlflowException) as err:
             m.predict(wrong)
         assert err.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_the_registered_pyfunc_is_code_not_a_pickle(world, registry):
+    """MLflow warned at every export that the model was a CloudPickle ("may execute arbitrary code during
+    deserialization"): the saved model is now its code file (MLflow's models from code), which names the
+    predictor by import, and holds no pickle."""
+    import mlflow.artifacts
+
+    mlflow.set_tracking_uri(registry["store"])
+    try:
+        local = Path(mlflow.artifacts.download_artifacts("models:/aiayn-en-de@champion", dst_path=str(world["root"] / "dl")))
+    finally:
+        mlflow.set_tracking_uri(None)
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
+    code = next(f for f in files if f.endswith(PYFUNC_CODE_FILE))
+    text = (local / code).read_text()
+    assert f"from {BundlePredictor.__module__} import {BundlePredictor.__qualname__} as predictor" in text
+    with pytest.raises(ValueError, match="cannot be imported by name"):
+        pyfunc_code(type("Local", (), {"__module__": "__main__"}))
 
 
 # --------------------------------------------------------------------------- request log + batcher

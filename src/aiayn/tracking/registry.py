@@ -25,6 +25,8 @@ __all__ = [
     "choose_alias",
     "RegistryError",
     "translation_pyfunc_class",
+    "PYFUNC_CODE_FILE",
+    "pyfunc_code",
     "save_translation_pyfunc",
     "register_translation",
     "register_transformers",
@@ -70,8 +72,8 @@ def _alias_bleu(client: Any, name: str, alias: str, gate_split: str) -> float | 
 
 def translation_pyfunc_class(predictor: type) -> type:
     """The ``mlflow.pyfunc.PythonModel`` subclass that serves a bundle with ``predictor`` (built on
-    demand so that importing this module never imports mlflow; cloudpickle stores the class by value and
-    ``predictor`` by reference, so loading it needs the ``aiayn`` package installed).
+    demand so that importing this module never imports mlflow; the saved model names it in its code file,
+    ``pyfunc_code``, so loading it needs the ``aiayn`` package installed).
 
     ``predict(context, model_input)``: ``predictor.parse`` turns what MLflow passes (a list, or the
     one-column DataFrame its string-column schema makes of REST ``inputs``, ``dataframe_split`` and
@@ -82,12 +84,6 @@ def translation_pyfunc_class(predictor: type) -> type:
     import mlflow.pyfunc
 
     class AiaynTranslationModel(mlflow.pyfunc.PythonModel):
-        def __getstate__(self) -> dict:  # everything comes from the bundle artifact in load_context
-            return {}
-
-        def __setstate__(self, state: dict) -> None:
-            pass
-
         def load_context(self, context):
             from aiayn.settings import Settings
 
@@ -106,9 +102,29 @@ def translation_pyfunc_class(predictor: type) -> type:
     return AiaynTranslationModel
 
 
+#: The model's code file in the saved model (MLflow's "models from code": the model is this text, not a pickle).
+PYFUNC_CODE_FILE = "aiayn_translation_model.py"
+
+
+def pyfunc_code(predictor: type) -> str:
+    """The text of the saved model's code file: MLflow runs it at load time and serves the object it
+    passes to ``mlflow.models.set_model``. Raises ``ValueError`` for a ``predictor`` no import can
+    reach (defined in a function, or in ``__main__``)."""
+    module, name = predictor.__module__, predictor.__qualname__
+    if module == "__main__" or "<" in name:
+        raise ValueError(f"predictor {module}.{name} cannot be imported by name: define it at a module's top level")
+    return (f'"""aiayn\'s translation model for MLflow ("models from code"): MLflow runs this file when it loads\n'
+            f'the model; the weights are the `bundle` artifact. Needs the aiayn package installed."""\n\n'
+            f"import mlflow.models\n\n"
+            f"from aiayn.tracking.registry import translation_pyfunc_class\n"
+            f"from {module} import {name} as predictor\n\n"
+            f"mlflow.models.set_model(translation_pyfunc_class(predictor)())\n")
+
+
 def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: list[str], predictor: type) -> Path:
-    """Save the bundle as an MLflow pyfunc model directory at ``path``: an explicit string-column
-    signature (string in, string out) and ``example`` as the input example."""
+    """Save the bundle as an MLflow pyfunc model directory at ``path``: the model as code (``pyfunc_code``,
+    as MLflow 3 recommends over a CloudPickle of the object), an explicit string-column signature (string in,
+    string out) and ``example`` as the input example."""
     from importlib.metadata import version as _version
 
     import mlflow.pyfunc
@@ -119,8 +135,11 @@ def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: li
     # an explicit column signature, not type hints: with a type hint MLflow's scoring server accepts only
     # `inputs` payloads and refuses `dataframe_split` / `dataframe_records`
     signature = ModelSignature(inputs=Schema([ColSpec(DataType.string)]), outputs=Schema([ColSpec(DataType.string)]))
-    mlflow.pyfunc.save_model(str(path), python_model=translation_pyfunc_class(predictor)(), artifacts={"bundle": str(bundle)},
-                             signature=signature, input_example=list(example), pip_requirements=reqs)
+    with tempfile.TemporaryDirectory() as tmp:
+        code = Path(tmp) / PYFUNC_CODE_FILE
+        code.write_text(pyfunc_code(predictor), encoding="utf-8")
+        mlflow.pyfunc.save_model(str(path), python_model=str(code), artifacts={"bundle": str(bundle)},
+                                 signature=signature, input_example=list(example), pip_requirements=reqs)
     return Path(path)
 
 
