@@ -26,6 +26,7 @@ Anything else (``arch='decoder_only'`` included) is refused with ``UnsupportedMo
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 from aiayn.bundle import ModelBundle
 from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ModelConfig
 from aiayn.model import Transformer
+from aiayn.model.positions import RotaryPositions
 from aiayn.tokenizer import Tokenizer
 
 __all__ = ["AiaynConverter", "UnsupportedModelError", "check_supported", "vocabulary"]
@@ -44,6 +46,9 @@ __all__ = ["AiaynConverter", "UnsupportedModelError", "check_supported", "vocabu
 LAYER_NORM_EPS = 1e-5
 
 _ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}  # GELU = exact (erf)
+
+#: RotaryPositions' base (the Transformer builds it with its default)
+ROPE_BASE = inspect.signature(RotaryPositions).parameters["base"].default
 
 #: ModelConfig fields this converter maps (any value); every other field must keep its default.
 _MAPPED_FIELDS = {
@@ -75,11 +80,11 @@ def check_supported(cfg: ModelConfig) -> None:
             f"ModelConfig.n_kv_heads={cfg.n_kv_heads} (grouped-query attention) is not supported by the "
             "CTranslate2 converter (needs num_heads_kv and a GQA fused-QKV layout; unverified)"
         )
-    if cfg.positions not in ("sinusoidal", "learned"):  # both are a table added to the embeddings
+    if cfg.positions not in ("sinusoidal", "learned", "rope"):  # a table added to the embeddings, or rotary
         raise UnsupportedModelError(
             f"ModelConfig.positions={cfg.positions!r} is not supported by the CTranslate2 converter: its "
-            "encoder-decoder spec takes a position table added to the embeddings (sinusoidal or learned); "
-            "rotary and ALiBi exist there for decoder-only models and are not mapped here"
+            "encoder-decoder spec takes a position table added to the embeddings (sinusoidal or learned) or "
+            "rotary self-attention (rope); its ALiBi is decoder-only and not mapped here"
         )
     if cfg.norm not in ("post", "pre"):
         raise UnsupportedModelError(f"ModelConfig.norm={cfg.norm!r} is not supported (post or pre)")
@@ -147,9 +152,14 @@ class AiaynConverter(Converter):
     def _load(self) -> transformer_spec.TransformerSpec:
         m, cfg = self.model, self.model.cfg
         pre = cfg.norm == "pre"
-        spec = transformer_spec.TransformerSpec.from_config(
-            (cfg.n_layers, cfg.n_layers), cfg.n_heads, pre_norm=pre, activation=_ACTIVATIONS[cfg.activation],
-        )  # fmt: skip
+        # rope: CTranslate2 rotates the self-attention queries and keys, pairs (2i, 2i+1) ("interleave",
+        # ours: RotaryPositions), base 10000, never the cross-attention (ours neither)
+        rotary = dict(rotary_dim=cfg.head_dim, rotary_interleave=True, rotary_base=ROPE_BASE) if cfg.positions == "rope" else {}
+        act = _ACTIVATIONS[cfg.activation]
+        spec = transformer_spec.TransformerSpec(
+            transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, pre_norm=pre, activation=act, **rotary),
+            transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, pre_norm=pre, activation=act, **rotary),
+        )
         tokens = vocabulary(self.tokenizer)
         spec.config.layer_norm_epsilon = LAYER_NORM_EPS
         spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = tokens[UNK_ID], tokens[BOS_ID], tokens[EOS_ID]
@@ -158,17 +168,20 @@ class AiaynConverter(Converter):
         spec.config.add_source_eos = False  # our sources already end with EOS (Translator.encode)
         assert tokens[PAD_ID] not in (tokens[UNK_ID], tokens[BOS_ID], tokens[EOS_ID])
 
-        table = _np(m.positions.table)  # (max_positions, d_model): OUR interleaved sin/cos
         tgt_emb = _np(m.tgt_embed.weight)
         src_emb = tgt_emb if m.src_embed is m.tgt_embed else _np(m.src_embed.weight)
 
         enc, dec = spec.encoder, spec.decoder
         enc.embeddings[0].weight = src_emb
         enc.scale_embeddings = True
-        enc.position_encodings.encodings = table
         dec.embeddings.weight = tgt_emb
         dec.scale_embeddings = True
-        dec.position_encodings.encodings = table
+        if rotary:  # no table: the encoder spec makes one anyway (only relative positions drop it)
+            del enc.position_encodings
+        else:
+            table = _np(m.positions.table)  # (max_positions, d_model): OUR interleaved sin/cos
+            enc.position_encodings.encodings = table
+            dec.position_encodings.encodings = table
         dec.projection.weight = tgt_emb  # tied, no bias (paper Sec. 3.4)
         if pre:
             _norm(enc.layer_norm, m.encoder_norm)

@@ -17,7 +17,7 @@ core count); batch-1 latency is measured with ``intra_threads`` instead (one sen
 Gate: a variant whose BLEU on ``quantize.gate_split`` is more than ``quantize.max_bleu_drop`` below
 the eager float model's is ``rejected`` (in ``variant.json``, the report and the metrics) and never
 becomes the serving default. CUDA-only variants are ``skipped`` with the reason on a CPU machine, and
-CTranslate2 variants of a model the converter cannot map (``check_supported``: e.g. rotary positions).
+CTranslate2 variants of a model the converter cannot map (``check_supported``: e.g. ALiBi positions).
 Raises ``QuantizeError`` when the ct2-float32 conversion does not reproduce the eager model's
 teacher-forced scores (``quantize.score_tolerance``): that is a converter bug, not a quality issue.
 """
