@@ -154,7 +154,8 @@ class AiaynConverter(Converter):
         pre = cfg.norm == "pre"
         # rope: CTranslate2 rotates the self-attention queries and keys, pairs (2i, 2i+1) ("interleave",
         # ours: RotaryPositions), base 10000, never the cross-attention (ours neither)
-        rotary = dict(rotary_dim=cfg.head_dim, rotary_interleave=True, rotary_base=ROPE_BASE) if cfg.positions == "rope" else {}
+        rope = cfg.positions == "rope"
+        rotary = dict(rotary_dim=cfg.head_dim, rotary_interleave=True, rotary_base=ROPE_BASE) if rope else {}
         act = _ACTIVATIONS[cfg.activation]
         spec = transformer_spec.TransformerSpec(
             transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, pre_norm=pre, activation=act, **rotary),
