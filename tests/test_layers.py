@@ -167,6 +167,7 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
         with mock.patch.dict(os.environ, {}, clear=True):
             apply_process_defaults(isa)
             assert os.environ.get("ATEN_CPU_CAPABILITY") == expected, isa
+            assert os.environ.get("OPENBLAS_CORETYPE") == (expected and "Haswell"), isa
             assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     with mock.patch.dict(os.environ, {"ATEN_CPU_CAPABILITY": "avx512"}, clear=True):
         apply_process_defaults(("avx2", "fma", "avx512f"))
@@ -183,11 +184,14 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
         pytest.skip("this CPU has no AVX2: PyTorch picks its own kernels here")
     code = ("from pipelines import stage\n"
             "try:\n    stage.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "import torch\nprint(torch.backends.cpu.get_cpu_capability())\n")
+            "import torch\nprint(torch.backends.cpu.get_cpu_capability())\n"
+            "import numpy, scipy.linalg\nfrom threadpoolctl import threadpool_info\n"
+            "print(sorted({i['architecture'] for i in threadpool_info() if i['internal_api'] == 'openblas'}))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_bare_env(), capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-1] == "AVX2"
+    assert out.stdout.splitlines()[-2] == "AVX2"
+    assert out.stdout.splitlines()[-1] == "['Haswell']"  # numpy's and scipy's OpenBLAS: the drift reference's PCA
 
 
 _COMPILED_EQUALS_EAGER = r"""

@@ -89,8 +89,11 @@ PROCESS_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: fp32 GEMM, which takes one code path on AMD hosts with and without AVX-512 (measured), a run gives
 #: the same bytes on both (docs/benchmarks.md, "The same bytes on AVX2 and AVX-512 hosts"). Results,
 #: not only speed. Never set where the CPU lacks AVX2 (PyTorch would run instructions it has not);
-#: ``ATEN_CPU_CAPABILITY=avx512`` (or ``default``) set by the user wins.
-CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2"}
+#: ``ATEN_CPU_CAPABILITY=avx512`` (or ``default``) set by the user wins. ``OPENBLAS_CORETYPE=Haswell``
+#: does the same for numpy's and scipy's OpenBLAS (the drift reference's PCA): it picks its kernels by
+#: CPU model, Haswell's on the AMD hosts seen until a Zen 4 (family 25, model 17) got SkylakeX's and a
+#: drift reference with other bytes from the same inputs (stop 49). Read when numpy loads.
+CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
 
 
 def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
