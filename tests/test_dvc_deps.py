@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.imports import imported_names
+from aiayn.checks import dvc_params_missing, dvc_problems  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -134,17 +135,25 @@ def test_every_param_a_stage_names_is_in_the_shipped_params_file(params_file):
     """DVC refuses to run a stage whose `params:` entry the params file lacks ("Parameters ... are missing from
     'params.yaml'"): `make run` on a fresh clone failed at the train stage this way (evaluate.length_norm and
     evaluate.bleu_tokenize, named since issue 25, were only in the scratch projects' resolved files)."""
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    shipped = yaml.safe_load((REPO / params_file).read_text())
-    missing = []
-    absent = object()  # a key present with a null value is fine for DVC; an absent one is not
-    for name, stage in stages.items():
-        for key in stage.get("params", []):
-            if not isinstance(key, str):  # {other_file.yaml: [...]}: another file's keys
-                continue
-            node = shipped
-            for part in key.split("."):
-                node = node.get(part, absent) if isinstance(node, dict) else absent
-            if node is absent:
-                missing.append(f"{name}: {key}")
+    missing = dvc_params_missing(yaml.safe_load((REPO / params_file).read_text()), REPO / "dvc.yaml")
     assert not missing, f"{params_file} lacks what dvc.yaml's stages name: {missing}"
+
+
+def test_aiayn_check_names_the_keys_dvc_would_refuse(tmp_path):
+    """A new user's params.yaml without `evaluate.length_norm` and `evaluate.bleu_tokenize`: `aiayn check` said
+    "ok", then `dvc repro` ran corpus, prepare and tokenize and refused the train stage ("Parameters ... are
+    missing from 'params.yaml'"). `aiayn check` now names them and the stages."""
+    import subprocess
+    import sys
+
+    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    del params["evaluate"]["length_norm"], params["evaluate"]["bleu_tokenize"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    [line] = dvc_problems(tmp_path / "params.yaml", tmp_path)
+    assert "evaluate.bleu_tokenize, evaluate.length_norm" in line and "evaluate" in line and "train" in line
+    assert dvc_problems(REPO / "params.yaml", REPO) == []
+    assert dvc_problems(tmp_path / "params.yaml", tmp_path / "elsewhere") == []  # no dvc.yaml: nothing to say
+    out = subprocess.run([sys.executable, "-m", "aiayn.cli", "check"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "evaluate.length_norm" in out.stderr, out.stderr

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from aiayn.config import ConfigError, Params, params_from_dict
 
-__all__ = ["check_params", "check_params_file", "load_checked"]
+__all__ = ["check_params", "check_params_file", "dvc_params_missing", "dvc_problems", "load_checked"]
 
 
 def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
@@ -149,6 +149,45 @@ def check_params_file(path: str | Path, root: str | Path | None = None) -> list[
     except ConfigError as e:  # blocks that load alone but not together
         return problems + [str(e)]
     return problems + [m for sections, m in _problems(params, Path(root) if root else None) if not sections & bad]
+
+
+def dvc_params_missing(raw: Any, dvc_yaml: str | Path) -> list[str]:
+    """The ``params:`` keys of ``dvc_yaml``'s stages that the params mapping ``raw`` lacks, as
+    ``"<stage>: <key>"``: DVC refuses to run such a stage ("Parameters ... are missing from
+    'params.yaml'"), after the stages before it ran. A key present with a null value is fine for DVC;
+    entries naming another params file are skipped. No ``dvc_yaml`` file: nothing to check."""
+    path = Path(dvc_yaml)
+    if not path.is_file():
+        return []
+    stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages") or {}
+    absent, missing = object(), []
+    for name, stage in stages.items():
+        for key in (stage or {}).get("params", []):
+            if not isinstance(key, str):  # {other_file.yaml: [...]}: another file's keys
+                continue
+            node = raw
+            for part in key.split("."):
+                node = node.get(part, absent) if isinstance(node, dict) else absent
+            if node is absent:
+                missing.append(f"{name}: {key}")
+    return missing
+
+
+def dvc_problems(path: str | Path, root: str | Path) -> list[str]:
+    """``aiayn check``'s line for the keys ``<root>/dvc.yaml``'s stages name that the params file at ``path``
+    lacks (``dvc_params_missing``); empty when it has them all, or when the file does not load (the other
+    checks say why). Not part of ``load_checked``: ``aiayn <stage>`` runs without DVC and its keys."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    missing = dvc_params_missing(raw if isinstance(raw, dict) else {}, Path(root) / "dvc.yaml")
+    if not missing:
+        return []
+    keys = sorted({m.split(": ", 1)[1] for m in missing})
+    stages = sorted({m.split(": ", 1)[0] for m in missing})
+    return [f"missing {', '.join(keys)}, which dvc.yaml's stage(s) {', '.join(stages)} name: `dvc repro` refuses "
+            "to run them (the shipped params.yaml has every key; copy the ones you lack)"]
 
 
 def load_checked(path: str | Path, root: str | Path | None = None) -> Params:

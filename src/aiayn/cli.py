@@ -73,11 +73,11 @@ _project_commands()
 @app.command()
 def check(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
     """Check params.yaml before any stage runs: every problem at once (blocks that do not load, and the
-    cross-field checks: gate split, splits the corpus lacks, vocabulary, grad_accum vs nproc_per_node, ...).
-    Exit status: 0 fine, 2 problems (one line each)."""
-    from aiayn.checks import check_params_file
+    cross-field checks: gate split, splits the corpus lacks, vocabulary, grad_accum vs nproc_per_node, ...;
+    keys dvc.yaml's stages name that the file lacks). Exit status: 0 fine, 2 problems (one line each)."""
+    from aiayn.checks import check_params_file, dvc_problems
 
-    problems = check_params_file(params, root)
+    problems = check_params_file(params, root) + dvc_problems(params, root)
     for problem in problems:
         typer.echo(f"{params}: {problem}", err=True)
     if problems:
