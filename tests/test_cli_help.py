@@ -65,3 +65,25 @@ def test_each_paragraph_of_a_help_text_is_one_line_without_markup(monkeypatch):
             words = _flat(paragraph.replace("`", ""))
             if words:
                 assert words in lines, f"aiayn {name} --help breaks or changes the paragraph {words[:60]!r}..."
+
+
+def test_a_stage_command_reads_params_from_root(tmp_path, monkeypatch):
+    """`cd elsewhere && aiayn corpus --root ../proj` said "params file not found: params.yaml" (new-user trial):
+    `--params` was read from the current folder, not from `--root` as `python -m pipelines.stage` reads it."""
+    import json
+
+    proj, corpus, elsewhere = tmp_path / "proj", tmp_path / "corp", tmp_path / "elsewhere"
+    for folder in (proj, corpus, elsewhere):
+        folder.mkdir()
+    for split in ("train", "val", "test"):
+        (corpus / f"{split}.en").write_text("a small dog\ntwo cats\n", encoding="utf-8")
+        (corpus / f"{split}.de").write_text("ein kleiner hund\nzwei katzen\n", encoding="utf-8")
+    (proj / "params.yaml").write_text(json.dumps({
+        "data": {"corpus": {"kind": "moses", "path": "../corp"}, "valid_split": "val", "test_splits": ["test"]},
+        "quantize": {"gate_split": "test"}}), encoding="utf-8")
+    monkeypatch.chdir(elsewhere)
+    result = CliRunner().invoke(app, ["check", "--root", "../proj"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["corpus", "--root", "../proj"])
+    assert result.exit_code == 0, result.output
+    assert (proj / "artifacts" / "corpus" / "train.en").read_text(encoding="utf-8") == "a small dog\ntwo cats\n"

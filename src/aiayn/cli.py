@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from aiayn.commands import COMMANDS_GROUP, ParamsOpt, RootOpt, setup_logging, stage_command
+from aiayn.commands import COMMANDS_GROUP, ParamsOpt, RootOpt, setup_logging, stage_command, under_root
 from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
@@ -77,6 +77,7 @@ def check(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) ->
     keys dvc.yaml's stages name that the file lacks). Exit status: 0 fine, 2 problems (one line each)."""
     from aiayn.checks import check_params_file, dvc_problems
 
+    params = under_root(params, root)
     problems = check_params_file(params, root) + dvc_problems(params, root)
     for problem in problems:
         typer.echo(f"{params}: {problem}", err=True)

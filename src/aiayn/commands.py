@@ -29,12 +29,14 @@ __all__ = [
     "setup_logging",
     "run_stage",
     "stage_command",
+    "under_root",
 ]
 
 #: Entry-point group of the commands that packages of the project add to ``aiayn`` (name = command).
 COMMANDS_GROUP = "aiayn.commands"
 
-ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params.yaml to read.")]
+ParamsOpt = Annotated[Path, typer.Option("--params", "-p", help="params.yaml to read (a relative path: from --root, "
+                                                                  "as `python -m pipelines.stage` reads it).")]
 RootOpt = Annotated[Path, typer.Option("--root", help="Project root (artifacts/ and data/ live under it).")]
 
 
@@ -69,6 +71,12 @@ def setup_logging(level: int = logging.INFO) -> None:
     logger.propagate = False
 
 
+def under_root(params_path: Path, root: Path) -> Path:
+    """``--params`` as the stage commands read it: a relative path is taken from ``--root`` (so
+    ``aiayn corpus --root ../proj`` reads ``../proj/params.yaml``, as ``python -m pipelines.stage`` does)."""
+    return params_path if params_path.is_absolute() else Path(root) / params_path
+
+
 def run_stage(module: str, params_path: Path, root: Path) -> dict:
     """Load and check params (``aiayn.checks.load_checked``: ``ConfigError`` listing every problem) and
     run the stage ``module`` (its ``run(params, layout, recorder)``) with the MLflow recorder of ``root``;
@@ -77,7 +85,7 @@ def run_stage(module: str, params_path: Path, root: Path) -> dict:
     from aiayn.settings import Settings
     from aiayn.tracking import MlflowRecorder
 
-    params = load_checked(params_path, root)  # every cross-field problem (`aiayn check`), before the stage does anything
+    params = load_checked(under_root(params_path, root), root)  # every problem (`aiayn check`), before the stage runs
     stage = importlib.import_module(module)
     recorder = MlflowRecorder(root, settings=Settings.from_env(), params=params.model_dump(mode="json"))
     return stage.run(params, Layout(root), recorder=recorder)
