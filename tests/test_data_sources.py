@@ -592,9 +592,12 @@ def test_aiayn_check_command(tmp_path):
     ok = CliRunner().invoke(app, ["check", "--params", str(REPO / "params.yaml"), "--root", str(REPO)])
     assert ok.exit_code == 0 and "ok" in ok.output
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"data": {"test_splits": ["newstest2014"]}}))
-    bad = CliRunner().invoke(app, ["check", "--params", str(tmp_path / "p.yaml")])
+    bad = CliRunner().invoke(app, ["check", "--params", str(tmp_path / "p.yaml"), "--root", str(tmp_path)])
     assert bad.exit_code == 2
     assert "gate_split" in bad.output and "multi30k has no split newstest2014" in bad.output and "2 problem(s)" in bad.output
+    # in a project with dvc.yaml, the keys its stages name that p.yaml lacks are a third problem
+    in_repo = CliRunner().invoke(app, ["check", "--params", str(tmp_path / "p.yaml"), "--root", str(REPO)])
+    assert in_repo.exit_code == 2 and "3 problem(s)" in in_repo.output and "`dvc repro` refuses" in in_repo.output
 
 
 def test_stage_loader_refuses_a_config_with_problems(tmp_path):

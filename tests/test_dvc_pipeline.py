@@ -266,11 +266,12 @@ def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, mult
     assert flagged(shifted) == ["drift"] * len(shifted)
 
 
-def test_temp_experiment_with_rotary_positions_tracks_into_the_projects_store(project):
+def test_temp_experiment_with_alibi_positions_tracks_into_the_projects_store(project):
     """`dvc exp run --temp` runs the stages in a copy under .dvc/tmp/exps and deletes it: its MLflow runs
-    must land in the project's store (issue 15). The variant is a model DVC must retrain: rotary
-    positions, which CTranslate2 cannot take, so quantize records its variants as skipped and export
-    falls back to the eager model, instead of the stage failing."""
+    must land in the project's store (issue 15). The variant is a model DVC must retrain: ALiBi
+    positions, which the CTranslate2 converter does not map (rotary ones it does since stop 49), so
+    quantize records its variants as skipped and export falls back to the eager model, instead of the
+    stage failing."""
     from mlflow.tracking import MlflowClient
 
     root, env = project["root"], project["env"]
@@ -279,11 +280,11 @@ def test_temp_experiment_with_rotary_positions_tracks_into_the_projects_store(pr
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     exp_id = client.get_experiment_by_name("aiayn").experiment_id
     before = {r.info.run_id for r in client.search_runs([exp_id])}
-    sh(str(BIN / "dvc"), "exp", "run", "--temp", "-S", "model.positions=rope", cwd=root, env=env, timeout=900)
+    sh(str(BIN / "dvc"), "exp", "run", "--temp", "-S", "model.positions=alibi", cwd=root, env=env, timeout=900)
     assert not list((root / ".dvc" / "tmp" / "exps").glob("tmp*"))  # the copy is gone ...
     new = [r for r in client.search_runs([exp_id]) if r.info.run_id not in before]  # ... its runs are here
     by_stage = {r.info.run_name: r for r in new}
     assert {"train", "evaluate", "quantize", "export"} <= set(by_stage), sorted(by_stage)
-    assert by_stage["train"].data.params["model.positions"] == "rope"
+    assert by_stage["train"].data.params["model.positions"] == "alibi"
     quantize = by_stage["quantize"].data.tags
     assert quantize["quantize.ct2-int8.status"] == "skipped" and by_stage["export"].data.tags["export.variant"] == "eager-float32"
