@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from aiayn.commands import ParamsOpt, RootOpt, setup_logging, stage_command
+from aiayn.commands import ParamsOpt, RootOpt, setup_logging, stage_command, under_root
 from aiayn.config import ConfigError, load_params
 from aiayn.stages import Layout
 
@@ -43,7 +43,7 @@ def monitor(
     from monitoring.drift import DriftCheckError, exit_code, run_check
 
     try:
-        summary, folder = run_check(load_params(params), Layout(root),
+        summary, folder = run_check(load_params(under_root(params, root)), Layout(root),
                                     input_path=input_path, out_dir=out, track=track, log_url=log_url)
     except (DriftCheckError, ConfigError) as e:
         typer.echo(f"aiayn monitor: error: {e}", err=True)

@@ -87,3 +87,7 @@ def test_a_stage_command_reads_params_from_root(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["corpus", "--root", "../proj"])
     assert result.exit_code == 0, result.output
     assert (proj / "artifacts" / "corpus" / "train.en").read_text(encoding="utf-8") == "a small dog\ntwo cats\n"
+    # `aiayn monitor` takes the same options: it reads ../proj/params.yaml too, then stops at the missing reference
+    result = CliRunner().invoke(app, ["monitor", "--root", "../proj", "--input", str(corpus / "test.en"), "--no-track"])
+    assert result.exit_code == 2 and "aiayn monitor: error:" in result.output and "params" not in result.output, \
+        result.output

@@ -151,9 +151,9 @@ def check_params_file(path: str | Path, root: str | Path | None = None) -> list[
     return problems + [m for sections, m in _problems(params, Path(root) if root else None) if not sections & bad]
 
 
-def dvc_params_missing(raw: Any, dvc_yaml: str | Path) -> list[str]:
+def dvc_params_missing(raw: Any, dvc_yaml: str | Path) -> list[tuple[str, str]]:
     """The ``params:`` keys of ``dvc_yaml``'s stages that the params mapping ``raw`` lacks, as
-    ``"<stage>: <key>"``: DVC refuses to run such a stage ("Parameters ... are missing from
+    ``(stage, key)``: DVC refuses to run such a stage ("Parameters ... are missing from
     'params.yaml'"), after the stages before it ran. A key present with a null value is fine for DVC;
     entries naming another params file are skipped. No ``dvc_yaml`` file: nothing to check."""
     path = Path(dvc_yaml)
@@ -169,7 +169,7 @@ def dvc_params_missing(raw: Any, dvc_yaml: str | Path) -> list[str]:
             for part in key.split("."):
                 node = node.get(part, absent) if isinstance(node, dict) else absent
             if node is absent:
-                missing.append(f"{name}: {key}")
+                missing.append((name, key))
     return missing
 
 
@@ -184,8 +184,7 @@ def dvc_problems(path: str | Path, root: str | Path) -> list[str]:
     missing = dvc_params_missing(raw if isinstance(raw, dict) else {}, Path(root) / "dvc.yaml")
     if not missing:
         return []
-    keys = sorted({m.split(": ", 1)[1] for m in missing})
-    stages = sorted({m.split(": ", 1)[0] for m in missing})
+    keys, stages = sorted({key for _, key in missing}), sorted({stage for stage, _ in missing})
     return [f"missing {', '.join(keys)}, which dvc.yaml's stage(s) {', '.join(stages)} name: `dvc repro` refuses "
             "to run them (the shipped params.yaml has every key; copy the ones you lack)"]
 
