@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -35,12 +37,35 @@ def torchrun(nproc: int, out: Path, ckpt: Path, max_steps: int, grad_accum: int,
     # the train stage's own launcher line (its shutdown grace included), running the test worker
     cmd = torchrun_command(nproc, "support.ddp_worker", str(out), str(ckpt), str(max_steps), str(grad_accum),
                            str(hold_at))
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode}
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "AIAYN_TEST_DISTRIBUTED": mode, "PYTHONFAULTHANDLER": "1"}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    before = out.parent / f"{ckpt.name}.before" if ckpt.exists() else None
+    if before is not None:
+        shutil.copytree(ckpt, before)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    if proc.returncode != 0 and killed_by_signal(said):
+        # A rank died of a native crash: once in CI (79aa81b), a SIGSEGV in rank 0 inside torch's gloo
+        # all-gather of FSDP2's full state dict; thousands of gathers on this host never repeated it. Run the
+        # identical job once more from the same inputs, loudly: a real fault of ours fails both times.
+        warnings.warn(f"torchrun job {out.name}: a rank was killed by a signal; rerunning it once from the same "
+                      f"inputs. Its output:\n{said[-6000:]}", stacklevel=2)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
+        if before is not None:
+            shutil.copytree(before, ckpt)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
     return proc
+
+
+def killed_by_signal(launcher_output: str) -> bool:
+    """Whether torchrun's failure report names a rank that a signal ended (``exitcode : -11 ... (SIGSEGV)``),
+    other than the SIGTERM torchrun sends the other ranks once one failed."""
+    return any(int(code) < 0 and int(code) != -signal.SIGTERM
+               for code in re.findall(r"exitcode\s*:\s*(-?\d+)", launcher_output))
 
 
 def steps_of(out: Path) -> dict:
@@ -122,6 +147,15 @@ def test_after_a_signal_the_launcher_waits_for_ranks_that_take_longer_than_torch
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=STOP_S + 240)[0].decode(errors="replace")
     assert alive and sorted(p.name for p in tmp_path.glob("stopped.*")) == ["stopped.0", "stopped.1"], out[-4000:]
+
+
+def test_only_a_rank_ended_by_a_signal_other_than_torchruns_sigterm_counts_as_killed():
+    crash = ("  [1]:\n    rank      : 1 (local_rank: 1)\n    exitcode  : -15 (pid: 9474)  (SIGTERM)\n"
+             "Root Cause (first observed failure):\n  [0]:\n    exitcode  : -11 (pid: 9473)  (SIGSEGV)\n")
+    assert killed_by_signal(crash)
+    assert not killed_by_signal(crash.replace("-11 (pid: 9473)  (SIGSEGV)", "1 (pid: 9473)"))  # an error of ours
+    assert not killed_by_signal("    exitcode  : -15 (pid: 9474)  (SIGTERM)\n")  # torchrun stopping the ranks
+    assert not killed_by_signal("assert proc.returncode == 0")
 
 
 def test_config_refuses_inconsistent_world():
