@@ -317,6 +317,12 @@ def test_check_names_the_languages_of_a_moses_folder_that_lacks_the_pair(tmp_pat
                for p in problems), problems
 
 
+@pytest.mark.parametrize("kind", ["moses", "tsv", "jsonl"])
+def test_check_says_a_missing_corpus_folder_once_not_also_as_missing_splits(tmp_path, kind):
+    problems = check_params(_params({"kind": kind, "path": "nowhere/corpus"}), tmp_path)
+    assert problems == [f"data.corpus.path 'nowhere/corpus' does not exist (under {tmp_path})"]
+
+
 @pytest.mark.parametrize("kind", ["moses", "tsv"])
 def test_check_names_the_files_tried_for_a_mapped_split_that_is_missing(tmp_path, kind):
     (_moses if kind == "moses" else _tsv)(tmp_path / "a", {"train": TRAIN, "test": TEST})

@@ -44,7 +44,11 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
     stray = sorted(set(d.corpus.sacrebleu) - set(d.test_splits))
     if stray:
         out.append(({"data"}, f"data.corpus.sacrebleu names {stray}, which are not in data.test_splits"))
-    have = available_splits(d, root)
+    folder = (Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path) \
+        if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None else None
+    if folder is not None and not folder.exists():  # one cause, one line: no split can be looked for in it
+        out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
+    have = available_splits(d, root) if folder is None or folder.exists() else None
     if have is not None:
         mapped = set(d.corpus.splits) if d.corpus.kind != "multi30k" else set()  # checked below, by their files
         lacking = [s for s in d.splits if s not in have and s not in mapped]
@@ -56,10 +60,6 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
                                                                      if langs else "")))
         if root is not None:  # the rest as the corpus stage finds it: mapped files, outside the folder, .gz twins
             out += [({"data"}, m) for m in split_problems(d, root, [s for s in d.splits if s not in lacking])]
-    if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
-        path = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
-        if not path.exists():
-            out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
     default_vocab = type(params.model).model_fields["vocab_size"].default  # what a resolved params dump writes
     if params.model.vocab_size not in (params.tokenize.vocab_size, default_vocab):
         out.append(({"model", "tokenize"}, f"model.vocab_size {params.model.vocab_size} differs from "
