@@ -59,6 +59,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DVC = str(BIN / "dvc")
 
+#: The paper's architecture (ModelConfig's defaults) in the fields the variants change: every run sets them, so the
+#: baseline stays the paper's whatever params.yaml's ``model:`` picks (the main job's is pre-norm with rotary positions).
+PAPER: dict[str, Any] = {"model.positions": "sinusoidal", "model.norm": "post", "model.norm_type": "layernorm",
+                         "model.activation": "relu", "model.n_kv_heads": None, "model.arch": "encoder_decoder"}
 VARIANTS: dict[str, dict[str, Any]] = {
     "paper": {},
     # A learned table costs max_positions x d_model per embedding: 256 positions cover training (<= 52
@@ -107,11 +111,12 @@ def variant_config(overrides: dict[str, Any], **fields: Any):
 
 
 def model_overrides(variant: str) -> dict[str, Any]:
-    """The variant's ``model.*`` overrides, plus the ``d_ff`` that keeps its parameters within 1 % of the paper model's."""
+    """The variant's ``model.*`` settings over ``PAPER``, plus the ``d_ff`` that keeps its parameters within 1 % of
+    the paper model's."""
     from aiayn.model import Transformer
 
-    over = dict(VARIANTS[variant])
-    ref = Transformer(variant_config({}), device="meta").num_parameters()
+    over = PAPER | VARIANTS[variant]
+    ref = Transformer(variant_config(PAPER), device="meta").num_parameters()
 
     def count(d_ff: int) -> int:
         return Transformer(variant_config(over, d_ff=d_ff), device="meta").num_parameters()
@@ -163,12 +168,13 @@ def extend(existing: list[dict[str, Any]], planned: list[dict[str, Any]], experi
 
 def _set_flag(raw: dict[str, Any], key: str, value: Any) -> str:
     """``-S`` argument: ``key=value`` when params.yaml has the key, ``+key=value`` (append) otherwise."""
+    text = json.dumps(value) if isinstance(value, (list, dict)) or value is None else value  # None: Hydra's null
     node: Any = raw
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return f"+{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}"
+            return f"+{key}={text}"
         node = node[part]
-    return f"{key}={value}"
+    return f"{key}={text}"
 
 
 def threads_per_job(jobs: int) -> int:

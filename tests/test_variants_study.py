@@ -54,6 +54,24 @@ def test_set_flags_append_keys_params_yaml_lacks():
     assert variants._set_flag(raw, "model.positions", "rope") == "+model.positions=rope"
 
 
+def test_the_paper_baseline_is_the_papers_model_whatever_params_yaml_picks(monkeypatch):
+    """params.yaml's model is pre-norm with rotary positions (the main job's): the study's "paper" runs must still be
+    post-norm sinusoidal, and each variant differs from them in its own fields only."""
+    from aiayn.config import ModelConfig
+
+    defaults = ModelConfig()
+    paper = variants.model_overrides("paper")
+    assert {k: paper[k] for k in variants.PAPER} == {f"model.{f}": getattr(defaults, f) for f in
+                                                     ("positions", "norm", "norm_type", "activation", "n_kv_heads",
+                                                      "arch")}
+    assert variants.variant_config(paper).positions == "sinusoidal" and variants.variant_config(paper).norm == "post"
+    assert variants.model_overrides("prenorm")["model.norm"] == "pre"
+    assert variants.model_overrides("rope")["model.norm"] == "post"
+    raw = {"model": {"preset": "tiny", "norm": "pre", "positions": "rope"}}
+    assert variants._set_flag(raw, "model.positions", "sinusoidal") == "model.positions=sinusoidal"
+    assert variants._set_flag(raw, "model.n_kv_heads", None) == "+model.n_kv_heads=null"
+
+
 def test_stats_are_sample_statistics():
     st = variants.stats([30.0, 31.0, 32.0])
     assert st == {"n": 3, "mean": 31.0, "std": 1.0, "min": 30.0, "max": 32.0, "range": 2.0}
