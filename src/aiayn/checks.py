@@ -44,8 +44,9 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
     stray = sorted(set(d.corpus.sacrebleu) - set(d.test_splits))
     if stray:
         out.append(({"data"}, f"data.corpus.sacrebleu names {stray}, which are not in data.test_splits"))
-    folder = (Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path) \
-        if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None else None
+    folder = None  # a local corpus's folder (Multi30k and hub datasets have none to check)
+    if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
+        folder = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
     if folder is not None and not folder.exists():  # one cause, one line: no split can be looked for in it
         out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
     have = available_splits(d, root) if folder is None or folder.exists() else None
