@@ -44,12 +44,12 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
     stray = sorted(set(d.corpus.sacrebleu) - set(d.test_splits))
     if stray:
         out.append(({"data"}, f"data.corpus.sacrebleu names {stray}, which are not in data.test_splits"))
-    folder = None  # a local corpus's folder (Multi30k and hub datasets have none to check)
+    no_folder = False  # a local corpus's folder missing (Multi30k and hub datasets have none to check)
     if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
-        folder = Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path
-    if folder is not None and not folder.exists():  # one cause, one line: no split can be looked for in it
+        no_folder = not (Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path).exists()
+    if no_folder:  # one cause, one line: no split can be looked for in it
         out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
-    have = available_splits(d, root) if folder is None or folder.exists() else None
+    have = None if no_folder else available_splits(d, root)
     if have is not None:
         mapped = set(d.corpus.splits) if d.corpus.kind != "multi30k" else set()  # checked below, by their files
         lacking = [s for s in d.splits if s not in have and s not in mapped]
