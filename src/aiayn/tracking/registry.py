@@ -26,6 +26,7 @@ __all__ = [
     "RegistryError",
     "translation_pyfunc_class",
     "PYFUNC_CODE_FILE",
+    "PYFUNC_REQUIREMENTS",
     "pyfunc_code",
     "save_translation_pyfunc",
     "register_translation",
@@ -73,7 +74,7 @@ def _alias_bleu(client: Any, name: str, alias: str, gate_split: str) -> float | 
 def translation_pyfunc_class(predictor: type) -> type:
     """The ``mlflow.pyfunc.PythonModel`` subclass that serves a bundle with ``predictor`` (built on
     demand so that importing this module never imports mlflow; the saved model names it in its code file,
-    ``pyfunc_code``, so loading it needs the ``aiayn`` package installed).
+    ``pyfunc_code``, and carries the ``aiayn`` package it imports in its ``code/`` folder).
 
     ``predict(context, model_input)``: ``predictor.parse`` turns what MLflow passes (a list, or the
     one-column DataFrame its string-column schema makes of REST ``inputs``, ``dataframe_split`` and
@@ -82,6 +83,7 @@ def translation_pyfunc_class(predictor: type) -> type:
     back in input order, one per sentence. Threads: ``AIAYN_SERVE_THREADS`` of the serving process.
     """
     import mlflow.pyfunc
+    import pandas as pd
 
     class AiaynTranslationModel(mlflow.pyfunc.PythonModel):
         def load_context(self, context):
@@ -89,7 +91,10 @@ def translation_pyfunc_class(predictor: type) -> type:
 
             self.predictor = predictor(context.artifacts["bundle"], threads=Settings.from_env().serve_threads)
 
-        def predict(self, context, model_input, params=None):
+        # the hint is what MLflow passes under the saved string-column signature (a list becomes a one-column
+        # DataFrame); MLflow infers no schema from a DataFrame hint, so the scoring server keeps taking
+        # `dataframe_split` / `dataframe_records`, and it stops warning "Add type hints to the `predict` method"
+        def predict(self, context, model_input: pd.DataFrame, params=None):
             from mlflow.exceptions import MlflowException
             from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
@@ -98,6 +103,10 @@ def translation_pyfunc_class(predictor: type) -> type:
             except (TypeError, ValueError) as e:
                 raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
             return self.predictor.translate(sentences)
+
+        # this module's annotations are strings (`from __future__ import annotations`), which MLflow cannot
+        # resolve: give it the type itself before PythonModel.__init_subclass__ reads it
+        predict.__annotations__["model_input"] = pd.DataFrame
 
     return AiaynTranslationModel
 
@@ -114,32 +123,47 @@ def pyfunc_code(predictor: type) -> str:
     if module == "__main__" or "<" in name:
         raise ValueError(f"predictor {module}.{name} cannot be imported by name: define it at a module's top level")
     return (f'"""aiayn\'s translation model for MLflow ("models from code"): MLflow runs this file when it loads\n'
-            f'the model; the weights are the `bundle` artifact. Needs the aiayn package installed."""\n\n'
+            f'the model; the weights are the `bundle` artifact, the aiayn package it imports the model\'s code/\n'
+            f'folder."""\n\n'
             f"import mlflow.models\n\n"
             f"from aiayn.tracking.registry import translation_pyfunc_class\n"
             f"from {module} import {name} as predictor\n\n"
             f"mlflow.models.set_model(translation_pyfunc_class(predictor)())\n")
 
 
+#: What loading and running the pyfunc imports beyond the standard library and the ``aiayn`` copy in its
+#: ``code/`` folder (pinned to this environment's versions; pip brings their own dependencies).
+PYFUNC_REQUIREMENTS = ("mlflow", "torch", "ctranslate2", "sentencepiece", "numpy", "pandas", "safetensors", "pydantic",
+                       "pyyaml")
+
+
 def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: list[str], predictor: type) -> Path:
     """Save the bundle as an MLflow pyfunc model directory at ``path``: the model as code (``pyfunc_code``,
-    as MLflow 3 recommends over a CloudPickle of the object), an explicit string-column signature (string in,
-    string out) and ``example`` as the input example."""
+    as MLflow 3 recommends over a CloudPickle of the object), the ``aiayn`` package as its ``code_paths``
+    (so ``mlflow models serve`` and ``mlflow.pyfunc.load_model`` work in an environment built from the
+    model's ``requirements.txt``, ``PYFUNC_REQUIREMENTS`` at this environment's versions; aiayn is not on
+    PyPI), an explicit string-column signature (string in, string out) and ``example`` as the input example."""
+    import shutil
     from importlib.metadata import version as _version
 
     import mlflow.pyfunc
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
 
-    reqs = [f"{pkg}=={_version(pkg)}" for pkg in ("mlflow", "torch", "ctranslate2", "sentencepiece", "numpy", "pandas")]
+    import aiayn
+
+    reqs = [f"{pkg}=={_version(pkg)}" for pkg in PYFUNC_REQUIREMENTS]
     # an explicit column signature, not type hints: with a type hint MLflow's scoring server accepts only
     # `inputs` payloads and refuses `dataframe_split` / `dataframe_records`
     signature = ModelSignature(inputs=Schema([ColSpec(DataType.string)]), outputs=Schema([ColSpec(DataType.string)]))
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp) / PYFUNC_CODE_FILE
         code.write_text(pyfunc_code(predictor), encoding="utf-8")
+        package = Path(tmp) / "aiayn"  # the sources only: no bytecode of this interpreter
+        shutil.copytree(Path(aiayn.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         mlflow.pyfunc.save_model(str(path), python_model=str(code), artifacts={"bundle": str(bundle)},
-                                 signature=signature, input_example=list(example), pip_requirements=reqs)
+                                 signature=signature, input_example=list(example), pip_requirements=reqs,
+                                 code_paths=[str(package)])
     return Path(path)
 
 
