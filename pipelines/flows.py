@@ -40,7 +40,7 @@ apply_project_env()  # before Prefect is imported: it reads its settings once
 
 from prefect import Flow, flow, get_run_logger, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.states import Cancelled, Failed  # noqa: E402
+from prefect.states import Cancelled, Failed, State  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
 from aiayn.checks import load_checked  # noqa: E402
@@ -155,16 +155,28 @@ def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
         core.propagate = old_propagate
 
 
+def _no_empty_traceback(record: logging.LogRecord) -> bool:
+    """Drop an ``exc_info`` that holds no exception (Prefect logs a task that returned a ``Failed`` state with
+    ``exc_info=True`` outside any ``except``, which prints ``NoneType: None`` under the stage's message)."""
+    if record.exc_info == (None, None, None):
+        record.exc_info = None
+    return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(_no_empty_traceback)
+
+
 # --------------------------------------------------------------------------- tasks
 
 
 @task(name="run-stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
-def run_stage(stage: str, params: Params, layout: Layout) -> dict:
+def run_stage(stage: str, params: Params, layout: Layout) -> dict | State:
     """Run the stage's ``run(params, layout, recorder)`` (``pipelines.stages.stage_module``) with the MLflow
     recorder of ``layout.root`` and return its summary (never retried). Bad input (``aiayn.exitcodes.INPUT_ERRORS``:
-    a corpus, a value, params) is logged in one line and returned as ``{FAILED_KEY: "<Type>: <message>"}``, so
-    the flow fails as ``aiayn <stage>`` does, without Prefect's task and flow tracebacks of an error that is not
-    the code's (the interrupted stage's ``Cancelled`` works the same way); a bug still raises, with its traceback."""
+    a corpus, a value, params) is logged in one line and returned as a ``Failed`` state whose message is
+    ``"<Type>: <message>"``, so the task run and its flow fail as ``aiayn <stage>`` does, without Prefect's task and
+    flow tracebacks of an error that is not the code's (an interrupted stage returns ``Cancelled`` the same way);
+    a bug still raises, with its traceback."""
     from aiayn.settings import Settings
     from aiayn.tracking import MlflowRecorder
 
@@ -175,9 +187,9 @@ def run_stage(stage: str, params: Params, layout: Layout) -> dict:
             summary = module.run(params, layout, recorder=recorder)
     except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; one line, no traceback
         get_run_logger().warning("%s interrupted: %s", stage, e)
-        return {INTERRUPTED_KEY: str(e)}
+        return Cancelled(message=str(e))
     except INPUT_ERRORS as e:  # bad input (a corpus, a value, params): its one line, as `aiayn <stage>` says it
-        return {FAILED_KEY: _input_error(stage, e)}
+        return Failed(message=_input_error(stage, e))
     get_run_logger().info("%s summary: %s", stage, summary)
     return summary
 
@@ -190,12 +202,6 @@ def fetch_corpus(layout: Layout, mirror: str | None = None) -> dict:
         summary = fetch_stage.run(layout, mirror=Path(mirror) if mirror else None)
     get_run_logger().info("fetch summary: %s", summary)
     return summary
-
-
-#: Key of the summary a stage returns when it was interrupted (its flow run ends ``Cancelled``).
-INTERRUPTED_KEY = "interrupted"
-#: Key of the summary a stage returns when its input was bad (``run_stage``): its flow run ends ``Failed``.
-FAILED_KEY = "failed"
 
 
 def _input_error(stage: str, e: BaseException) -> str:
@@ -211,12 +217,13 @@ def _run(stage: str, params_path: str, root: str) -> Any:
         params = load_checked(root_path / params_path, root_path)  # an absolute params_path stays as is
     except INPUT_ERRORS as e:  # params `aiayn check` refuses: one line, as run_stage says a bad input
         return Failed(message=_input_error(stage, e))
-    summary = run_stage(stage, params, Layout(root_path))
-    if INTERRUPTED_KEY in summary:
-        return Cancelled(message=summary[INTERRUPTED_KEY])
-    if FAILED_KEY in summary:
-        return Failed(message=summary[FAILED_KEY])
-    return summary
+    state = run_stage(stage, params, Layout(root_path), return_state=True)
+    if state.is_failed() or state.is_cancelled():
+        outcome = state.result(raise_on_failure=False)
+        if isinstance(outcome, BaseException):  # a bug: it propagates with its traceback
+            raise outcome
+        return (Failed if state.is_failed() else Cancelled)(message=state.message)  # the stage's one line
+    return state.result()
 
 
 # --------------------------------------------------------------------------- flows

@@ -113,6 +113,19 @@ def test_stage_failure_fails_flow_with_stage_message(tmp_path, prefect_harness):
     assert f"{type(direct.value).__name__}: {direct.value}" in state.message
     assert not (tmp_path / "artifacts" / "prepared").exists()
     assert _leftovers(tmp_path / "artifacts") == []
+    # the stage's task run fails too, with the same message (it ended Completed, only the flow Failed: stop 46's trial)
+    (task,) = _task_runs(state.state_details.flow_run_id)
+    assert (task.name, task.state.type.value) == ("prepare", "FAILED"), (task.name, task.state)
+    assert f"{type(direct.value).__name__}: {direct.value}" in task.state.message
+
+
+def _task_runs(flow_run_id) -> list:
+    """The task runs of one flow run, from the Prefect API."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
 
 def test_stage_cli_exit_status_and_error_file(tmp_path, prefect_harness, capsys, monkeypatch):
@@ -147,7 +160,7 @@ def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "stage prepare failed: CorpusError: raw corpus file(s) missing" in proc.stderr, out
-    assert "Traceback" not in out, out
+    assert "Traceback" not in out and "NoneType: None" not in out, out
     bad = tmp_path / "bad.yaml"  # params `aiayn check` refuses, found in the flow before the stage runs
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["evaluate"]["beam_size"] = 0
@@ -620,7 +633,7 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
             os.killpg(proc.pid, signal.SIGKILL)
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
+    assert "Traceback" not in out and "NoneType: None" not in out, out[-3000:]
     final = [line for line in out.splitlines() if line.startswith("stage train interrupted")]
     assert len(final) == 1 and "checkpoint saved in" in final[0], out[-3000:]
     assert list((smoke_root / "artifacts" / "checkpoints").glob("ckpt_*.json"))
