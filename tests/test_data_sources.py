@@ -241,7 +241,20 @@ def test_misaligned_files_name_both_files_and_counts(tmp_path):
         _run(_params({"kind": "moses", "path": str(tmp_path / "c")}), tmp_path / "proj")
     msg = str(err.value)
     assert str(tmp_path / "c" / "train.en") in msg and str(tmp_path / "c" / "train.de.gz") in msg
-    assert "has 30 lines" in msg and "has 28" in msg
+    assert "has 30 lines" in msg and "has 28" in msg and "blank" not in msg
+
+
+@pytest.mark.parametrize("blanks", [1, 2])
+def test_a_trailing_blank_line_is_named_as_such(tmp_path, blanks):
+    """Stop 46's trial: one file of a pair ending in an extra blank line was reported as plain "misaligned:
+    5 lines but 6". The message now points at the blank line(s) to delete; other extra lines are not called blank."""
+    _moses(tmp_path / "c", {"val": VAL, "test": TEST})
+    _write(tmp_path / "c" / "train.en", [s for s, _ in TRAIN])
+    de = _write(tmp_path / "c" / "train.de", [t for _, t in TRAIN] + [" "] * blanks)
+    with pytest.raises(CorpusError) as err:
+        _run(_params({"kind": "moses", "path": str(tmp_path / "c")}), tmp_path / "proj")
+    span = f"{de}:31" + (" is" if blanks == 1 else f"-{30 + blanks} are")
+    assert str(err.value).endswith(f"has {30 + blanks}; {span} blank: delete the trailing blank line{'s' * (blanks > 1)}")
 
 
 def test_tsv_row_with_wrong_column_count_names_file_and_line(tmp_path):

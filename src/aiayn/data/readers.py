@@ -16,6 +16,7 @@ object, and a file with no line at all.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import unicodedata
 from collections.abc import Iterator, Sequence
@@ -89,7 +90,8 @@ class MosesPairs(PairReader):
     """Two aligned files: line N of ``src_path`` translates line N of ``tgt_path``.
 
     Raises (while iterating) ``CorpusError`` when the files differ in length, naming both files and
-    both line counts, or when they hold no line.
+    both line counts (and the lines, when the longer file's extra lines are all blank: a trailing blank line),
+    or when they hold no line.
     """
 
     def __init__(self, src_path: Path, tgt_path: Path, *, display: tuple[str, str] | None = None) -> None:
@@ -111,9 +113,14 @@ class MosesPairs(PairReader):
             lineno += 1
             yield lineno, clean(_decode(s, src_disp, lineno)), clean(_decode(t, tgt_disp, lineno))
         if s is not None or t is not None:
-            n_src = lineno + (s is not None) + sum(1 for _ in src_it)
-            n_tgt = lineno + (t is not None) + sum(1 for _ in tgt_it)
-            raise CorpusError(f"misaligned corpus: {src_disp} has {n_src} lines but {tgt_disp} has {n_tgt}")
+            longer, rest, disp = (s, src_it, src_disp) if s is not None else (t, tgt_it, tgt_disp)
+            extra = blank = 0
+            for raw in itertools.chain([longer], rest):
+                extra, blank = extra + 1, blank + (not raw.strip())
+            n_src, n_tgt = (lineno + extra, lineno) if s is not None else (lineno, lineno + extra)
+            span = f"{disp}:{lineno + 1}" + (f"-{lineno + extra} are" if extra > 1 else " is")
+            hint = f"; {span} blank: delete the trailing blank line{'s' * (extra > 1)}" if blank == extra else ""
+            raise CorpusError(f"misaligned corpus: {src_disp} has {n_src} lines but {tgt_disp} has {n_tgt}{hint}")
         if lineno == 0:
             raise CorpusError(f"{src_disp}: file is empty")
 
@@ -137,7 +144,7 @@ class TsvPairs(PairReader):
         return f"{self.display}:{lineno}"
 
     def empty(self, side: str, lineno: int) -> str:
-        return f"{self.display}:{lineno}: the {self.langs[side == 'tgt']!r} column is empty"
+        return f"{self.where(side, lineno)}: the {self.langs[side == 'tgt']!r} column is empty"
 
     def _pick(self, names: Sequence[str], lineno: int | None) -> tuple[int, int]:
         missing = [lang for lang in self.langs if lang not in names]
@@ -184,7 +191,7 @@ class JsonlPairs(PairReader):
         return f"{self.display}:{lineno}"
 
     def empty(self, side: str, lineno: int) -> str:
-        return f"{self.display}:{lineno}: \"translation\".{self.langs[side == 'tgt']} is empty or null"
+        return f"{self.where(side, lineno)}: \"translation\".{self.langs[side == 'tgt']} is empty or null"
 
     def __iter__(self) -> Iterator[tuple[int, str, str]]:
         n = 0
