@@ -218,11 +218,13 @@ def _run(stage: str, params_path: str, root: str) -> Any:
     except INPUT_ERRORS as e:  # params `aiayn check` refuses: one line, as run_stage says a bad input
         return Failed(message=_input_error(stage, e))
     state = run_stage(stage, params, Layout(root_path), return_state=True)
-    if state.is_failed() or state.is_cancelled():
+    if state.is_cancelled():  # interrupted: the stage's one line (where its checkpoint is)
+        return Cancelled(message=state.message)
+    if state.is_failed():
         outcome = state.result(raise_on_failure=False)
         if isinstance(outcome, BaseException):  # a bug: it propagates with its traceback
             raise outcome
-        return (Failed if state.is_failed() else Cancelled)(message=state.message)  # the stage's one line
+        return Failed(message=state.message)  # bad input: the stage's one line
     return state.result()
 
 
