@@ -132,7 +132,7 @@ def pyfunc_code(predictor: type) -> str:
 
 
 #: What loading and running the pyfunc imports beyond the standard library and the ``aiayn`` copy in its
-#: ``code/`` folder (pinned to this environment's versions; pip brings their own dependencies).
+#: ``code/`` folder (pinned to this environment's public versions; pip brings their own dependencies).
 PYFUNC_REQUIREMENTS = ("mlflow", "torch", "ctranslate2", "sentencepiece", "numpy", "pandas", "safetensors", "pydantic",
                        "pyyaml")
 
@@ -152,7 +152,11 @@ def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: li
 
     import aiayn
 
-    reqs = [f"{pkg}=={_version(pkg)}" for pkg in PYFUNC_REQUIREMENTS]
+    from packaging.version import Version
+
+    # the public version: a local label (torch's `+cpu`) names a wheel only this project's index has, and pip
+    # against PyPI finds no `torch==2.13.0+cpu` (the new-user trial of stop 51)
+    reqs = [f"{pkg}=={Version(_version(pkg)).public}" for pkg in PYFUNC_REQUIREMENTS]
     # an explicit column signature, not type hints: with a type hint MLflow's scoring server accepts only
     # `inputs` payloads and refuses `dataframe_split` / `dataframe_records`
     signature = ModelSignature(inputs=Schema([ColSpec(DataType.string)]), outputs=Schema([ColSpec(DataType.string)]))
