@@ -242,6 +242,8 @@ def test_mlflow_transformers_flavor_serves_the_folder(exported, tmp_path, monkey
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model("models:/aiayn-test-hf@champion")
     assert "transformers" in model.metadata.flavors
+    reqs = Path(mlflow.pyfunc.get_model_dependencies("models:/aiayn-test-hf@champion")).read_text().split()
+    assert any(r.startswith("torch==") for r in reqs) and not [r for r in reqs if "+" in r], reqs  # PyPI's versions
     en = ["a man runs in the park", "two dogs"]
     got = list(model.predict(en))
     from transformers import pipeline

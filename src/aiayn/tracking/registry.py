@@ -27,6 +27,7 @@ __all__ = [
     "translation_pyfunc_class",
     "PYFUNC_CODE_FILE",
     "PYFUNC_REQUIREMENTS",
+    "pinned_requirements",
     "pyfunc_code",
     "save_translation_pyfunc",
     "register_translation",
@@ -137,6 +138,17 @@ PYFUNC_REQUIREMENTS = ("mlflow", "torch", "ctranslate2", "sentencepiece", "numpy
                        "pyyaml")
 
 
+def pinned_requirements(packages: tuple[str, ...] | list[str]) -> list[str]:
+    """``pkg==<version>`` for each installed package, at its public version: a local label (torch's ``+cpu``)
+    names a wheel only this project's index has, and pip against PyPI finds no ``torch==2.13.0+cpu`` (the
+    new-user trial of stop 51). Raises ``importlib.metadata.PackageNotFoundError`` for a package not installed."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return [f"{pkg}=={Version(version(pkg)).public}" for pkg in packages]
+
+
 def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: list[str], predictor: type) -> Path:
     """Save the bundle as an MLflow pyfunc model directory at ``path``: the model as code (``pyfunc_code``,
     as MLflow 3 recommends over a CloudPickle of the object), the ``aiayn`` package as its ``code_paths``
@@ -144,7 +156,6 @@ def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: li
     model's ``requirements.txt``, ``PYFUNC_REQUIREMENTS`` at this environment's versions; aiayn is not on
     PyPI), an explicit string-column signature (string in, string out) and ``example`` as the input example."""
     import shutil
-    from importlib.metadata import version as _version
 
     import mlflow.pyfunc
     from mlflow.models import ModelSignature
@@ -152,13 +163,9 @@ def save_translation_pyfunc(bundle: str | Path, path: str | Path, *, example: li
 
     import aiayn
 
-    from packaging.version import Version
-
-    # the public version: a local label (torch's `+cpu`) names a wheel only this project's index has, and pip
-    # against PyPI finds no `torch==2.13.0+cpu` (the new-user trial of stop 51)
-    reqs = [f"{pkg}=={Version(_version(pkg)).public}" for pkg in PYFUNC_REQUIREMENTS]
-    # an explicit column signature, not type hints: with a type hint MLflow's scoring server accepts only
-    # `inputs` payloads and refuses `dataframe_split` / `dataframe_records`
+    reqs = pinned_requirements(PYFUNC_REQUIREMENTS)
+    # an explicit column signature, not one inferred from a type hint: with a schema-bearing hint (``list[str]``)
+    # MLflow's scoring server accepts only `inputs` payloads and refuses `dataframe_split` / `dataframe_records`
     signature = ModelSignature(inputs=Schema([ColSpec(DataType.string)]), outputs=Schema([ColSpec(DataType.string)]))
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp) / PYFUNC_CODE_FILE
@@ -226,12 +233,10 @@ def register_transformers(client: Any, *, run_id: str, hf_dir: Path, name: str, 
     on run ``run_id`` under ``registered/<name>``, register a version of ``name`` and point ``alias`` at
     it, so ``mlflow models serve -m models:/<name>@<alias>`` serves it with MLflow's stock server.
     Returns the version; MLflow's errors propagate."""
-    from importlib.metadata import version
-
     import mlflow.transformers
     from mlflow.exceptions import MlflowException
 
-    reqs = [f"{pkg}=={version(pkg)}" for pkg in ("mlflow", "transformers", "tokenizers", "torch", "sentencepiece")]
+    reqs = pinned_requirements(("mlflow", "transformers", "tokenizers", "torch", "sentencepiece"))
     artifact_path = f"registered/{name}"
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "transformers_model"
