@@ -291,3 +291,30 @@ def test_no_function_over_80_lines_and_no_module_over_700():
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines (or their stated limit): {long_modules}"
     assert len(functions) > 500 and max(functions.values()) > 40, "the scan must see the code base's functions"
     assert {"tests", "benchmarks"} <= {f.split("/", 1)[0] for f in functions}, "the scan must see tests/ and benchmarks/"
+
+
+def compile_warnings(roots) -> dict[str, list[str]]:
+    """``{file: [warning, ...]}`` for the Python files under ``roots`` whose compilation warns (an invalid
+    escape such as ``"\\ "`` in a non-raw string: a DeprecationWarning on 3.11, a SyntaxWarning on 3.12, an
+    error in a later Python)."""
+    import warnings
+
+    found = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                compile(path.read_text(encoding="utf-8"), str(path), "exec")
+            if caught:
+                found[str(path)] = [f"line {w.lineno}: {w.message}" for w in caught]
+    return found
+
+
+def test_the_scan_for_compile_warnings_sees_an_invalid_escape(tmp_path):
+    (tmp_path / "m.py").write_text('"""a ``reserve``\\ s b"""\nX = 1\n')
+    assert list(compile_warnings((tmp_path,))) == [str(tmp_path / "m.py")]
+
+
+def test_every_file_compiles_without_a_warning():
+    found = compile_warnings(SIZE_SCANNED)
+    assert not found, f"files whose compilation warns (invalid escapes turn into errors in later Pythons): {found}"

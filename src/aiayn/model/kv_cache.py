@@ -12,8 +12,8 @@ plus the source padding mask ``src_pad_mask`` ``(B, S)`` (True = pad) that goes 
 
 A decoder-only model (``ModelConfig.arch='decoder_only'``) has no cross-attention: its ``2 * n_layers``
 self-attention layers cache the whole stream, the (left-padded) source prefix first and then the
-target tokens. The source length is known only on the first decode call, which ``reserve``\ s room
-for it and stores the left-padded ``src_pad_mask``; ``length`` then counts source + target positions.
+target tokens. The source length is known only on the first decode call, which makes room for it
+(``reserve``) and stores the left-padded ``src_pad_mask``; ``length`` then counts source + target positions.
 
 Beam search and batch shrinking touch the cache through ONE method, ``reorder(index)``,
 which selects/reorders/expands rows of every tensor (like fairseq's
