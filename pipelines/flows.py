@@ -156,10 +156,15 @@ def stage_logs_to_prefect(logger_name: str = "aiayn") -> Iterator[None]:
 
 
 def _no_empty_traceback(record: logging.LogRecord) -> bool:
-    """Drop an ``exc_info`` that holds no exception (Prefect logs a task that returned a ``Failed`` state with
-    ``exc_info=True`` outside any ``except``, which prints ``NoneType: None`` under the stage's message)."""
+    """Quiet Prefect's record of a task that returned a ``Failed`` state: logged with ``exc_info=True`` outside any
+    ``except`` (``NoneType: None`` under it) and saying what the task's ``Finished in state Failed(...)`` line says
+    next, so a bad input's one line would print twice more. The record is dropped unless a retry follows it; any
+    other empty ``exc_info`` is cleared."""
     if record.exc_info == (None, None, None):
         record.exc_info = None
+        message = record.getMessage()
+        if message.startswith("Task run failed with state:") and "Retry" not in message:
+            return False
     return True
 
 
@@ -173,7 +178,7 @@ logging.getLogger("prefect.task_runs").addFilter(_no_empty_traceback)
 def run_stage(stage: str, params: Params, layout: Layout) -> dict | State:
     """Run the stage's ``run(params, layout, recorder)`` (``pipelines.stages.stage_module``) with the MLflow
     recorder of ``layout.root`` and return its summary (never retried). Bad input (``aiayn.exitcodes.INPUT_ERRORS``:
-    a corpus, a value, params) is logged in one line and returned as a ``Failed`` state whose message is
+    a corpus, a value, params) is returned as a ``Failed`` state whose message is
     ``"<Type>: <message>"``, so the task run and its flow fail as ``aiayn <stage>`` does, without Prefect's task and
     flow tracebacks of an error that is not the code's (an interrupted stage returns ``Cancelled`` the same way);
     a bug still raises, with its traceback."""
@@ -185,11 +190,10 @@ def run_stage(stage: str, params: Params, layout: Layout) -> dict | State:
     try:
         with stage_logs_to_prefect():
             summary = module.run(params, layout, recorder=recorder)
-    except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; one line, no traceback
-        get_run_logger().warning("%s interrupted: %s", stage, e)
+    except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; its one line is the final state's
         return Cancelled(message=str(e))
-    except INPUT_ERRORS as e:  # bad input (a corpus, a value, params): its one line, as `aiayn <stage>` says it
-        return Failed(message=_input_error(stage, e))
+    except INPUT_ERRORS as e:  # bad input (a corpus, a value, params): its one line, as `aiayn <stage>` says it,
+        return Failed(message=f"{type(e).__name__}: {e}")  # which Prefect logs as the task run's final state
     get_run_logger().info("%s summary: %s", stage, summary)
     return summary
 

@@ -148,6 +148,8 @@ def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_
     assert proc.returncode == 1, out
     assert "stage prepare failed: CorpusError: raw corpus file(s) missing" in proc.stderr, out
     assert "Traceback" not in out and "NoneType: None" not in out, out
+    # once in each place that ends: the task run's final state, the flow run's, the process's last line
+    assert out.count("raw corpus file(s) missing") == 3, out
     bad = tmp_path / "bad.yaml"  # params `aiayn check` refuses, found in the flow before the stage runs
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["evaluate"]["beam_size"] = 0
@@ -623,6 +625,7 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
     assert "Traceback" not in out and "NoneType: None" not in out, out[-3000:]
     final = [line for line in out.splitlines() if line.startswith("stage train interrupted")]
     assert len(final) == 1 and "checkpoint saved in" in final[0], out[-3000:]
+    assert out.count("checkpoint saved in") == 3, out[-3000:]  # task state, flow state, last line
     assert list((smoke_root / "artifacts" / "checkpoints").glob("ckpt_*.json"))
     shutil.rmtree(smoke_root / "artifacts" / "checkpoints")
 
