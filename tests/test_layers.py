@@ -168,7 +168,6 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
             apply_process_defaults(isa)
             assert os.environ.get("ATEN_CPU_CAPABILITY") == expected, isa
             assert os.environ.get("OPENBLAS_CORETYPE") == (expected and "Haswell"), isa
-            assert os.environ.get("MKL_CBWR") == (expected and "AVX2"), isa
             assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     with mock.patch.dict(os.environ, {"ATEN_CPU_CAPABILITY": "avx512"}, clear=True):
         apply_process_defaults(("avx2", "fma", "avx512f"))
@@ -193,39 +192,6 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-2] == "AVX2"
     assert out.stdout.splitlines()[-1] == "['Haswell']"  # numpy's and scipy's OpenBLAS: the drift reference's PCA
-
-
-_GEMM_BYTES = r"""
-import hashlib, sys
-from aiayn.settings import apply_process_defaults
-if sys.argv[1] == "defaults":
-    apply_process_defaults()
-import torch
-torch.set_num_threads(2)
-g = torch.Generator().manual_seed(0)
-a, b = torch.randn(333, 517, generator=g), torch.randn(517, 259, generator=g)
-print(hashlib.sha256((a @ b).numpy().tobytes()).hexdigest())
-"""
-
-
-def test_a_gemm_gives_the_bytes_of_an_avx2_only_host():
-    """Under the process defaults MKL's fp32 GEMM computes what it computes on a CPU that has AVX2 and nothing
-    wider (MKL told so by ``MKL_ENABLE_INSTRUCTIONS=AVX2``): Intel's MKL picks its kernels by CPUID, and an
-    Intel AVX-512 host gave other bytes than that without ``MKL_CBWR=AVX2`` (AMD hosts: the same either way)."""
-    from aiayn.host import host_info
-
-    if not {"avx2", "fma"} <= set(host_info(probe=False).isa):
-        pytest.skip("this CPU has no AVX2")
-
-    def gemm(mode: str, **env: str) -> str:
-        out = subprocess.run([sys.executable, "-c", _GEMM_BYTES, mode], cwd=REPO, env=_bare_env() | env,
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.strip()
-
-    avx2_only = gemm("bare", MKL_ENABLE_INSTRUCTIONS="AVX2")
-    assert gemm("defaults") == avx2_only
-    assert gemm("defaults", MKL_ENABLE_INSTRUCTIONS="AVX2") == avx2_only
 
 
 _COMPILED_EQUALS_EAGER = r"""

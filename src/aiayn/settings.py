@@ -93,13 +93,7 @@ PROCESS_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: does the same for numpy's and scipy's OpenBLAS (the drift reference's PCA): it picks its kernels by
 #: CPU model, Haswell's on the AMD hosts seen until a Zen 4 (family 25, model 17) got SkylakeX's and a
 #: drift reference with other bytes from the same inputs (stop 49). Read when numpy loads.
-#: ``MKL_CBWR=AVX2`` (MKL's Conditional Numerical Reproducibility, read at MKL's first call) does it
-#: for MKL's GEMM on Intel CPUs, which take their kernels by CPUID: on an Intel AVX-512 host a GEMM
-#: gave other bytes than on an AVX2-only one (simulated with ``MKL_ENABLE_INSTRUCTIONS=AVX2``), and
-#: the same with it. AMD CPUs ignore every branch but ``COMPATIBLE`` (measured: the same bytes set or
-#: unset), and no setting makes an Intel host compute an AMD host's bytes (docs/benchmarks.md,
-#: "An Intel host").
-CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell", "MKL_CBWR": "AVX2"}
+CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
 
 
 def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
