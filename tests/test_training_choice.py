@@ -184,8 +184,9 @@ def evaluator(model_cfg, valid):
 def test_the_validated_choice_keeps_the_better_model_when_averaging_hurts(task, tmp_path):
     """A run cut off its checkpoint grid (step 63, grid of 15, a high lr): the average of the grid's last 4
     checkpoints (15..60; 15 is barely trained) scores worse on validation than the late checkpoints; the guard
-    keeps the best single checkpoint and says why. Which late one scores best is the host's rounding (step 63 on
-    an AVX-512 host, step 60 on an AVX2-only one), so the test scores every checkpoint itself. With guard: warn
+    keeps the best single checkpoint and says why. Which later one scores best is the host's rounding (step 63 on
+    an AVX-512 host, step 60 on an AVX2-only one, 30 on an Intel one with MKL_CBWR=AVX2), so the test scores every
+    checkpoint itself. With guard: warn
     the average stays, with a warning."""
     _, model_cfg, tr, va, _, _ = task
     c = cfg(max_steps=63, checkpoint_every=15, keep_checkpoints=4, average_last=4, warmup_steps=2, lr_scale=4.0,
@@ -196,7 +197,7 @@ def test_the_validated_choice_keeps_the_better_model_when_averaging_hurts(task, 
     ev = evaluator(model_cfg, va)
     own = {step: float(ev(load_checkpoint(p).model)[c.select.metric]) for step, p in ckpts.items()}
     best_step = min(own, key=lambda s: (own[s], -s))
-    assert best_step in (60, 63)  # a late checkpoint, never the barely trained ones
+    assert best_step != 15  # never the barely trained one; which later one is the host's sums (docstring)
     sel = select_weights(tmp_path / "ck", c, ev)
     assert sel.planned["steps"] == [15, 30, 45, 60]
     assert sel.candidates == pytest.approx(own, rel=1e-6)
