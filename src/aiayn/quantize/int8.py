@@ -21,8 +21,12 @@ How the int32 sums are formed depends on the CPU and on the GEMM library CTransl
 CTranslate2 uses MKL on Intel CPUs (and wherever ``CT2_USE_MKL=1``), oneDNN on other x86 CPUs;
 ``ONEDNN_MAX_CPU_ISA`` caps oneDNN's instruction set (``AVX2`` makes any x86 CPU with AVX2 compute
 like an AVX2-only host: how the tests reach the saturating path on a VNNI host).
-``int8_accumulation()`` names this host's case; ``unknown`` where it has not been measured
-(Intel CPUs without VNNI: MKL's AVX2 kernel).
+MKL on an Intel CPU follows ``MKL_CBWR`` / ``MKL_ENABLE_INSTRUCTIONS``: held to AVX2 it runs its AVX2
+kernel, ``vpmaddubsw`` again, so it saturates like oneDNN's (measured on an AVX-512 VNNI Xeon: ``MKL_CBWR=AVX2``,
+``AVX2,STRICT`` and ``MKL_ENABLE_INSTRUCTIONS=AVX2`` reproduce ``int16-saturating`` to 1e-6, ``MKL_CBWR=AVX512``
+and unset reproduce ``exact``; ``COMPATIBLE`` neither). That AVX2 kernel is what an Intel CPU without VNNI or
+AVX-512 runs. ``int8_accumulation()`` names this host's case; ``unknown`` where it has not been measured
+(Intel AVX-512 CPUs without VNNI, other MKL branches).
 """
 
 from __future__ import annotations
@@ -46,9 +50,9 @@ __all__ = ["ACCUMULATIONS", "ACCUMULATION_ENV", "int8_accumulation", "int8_linea
 
 ACCUMULATIONS = ("exact", "int16-saturating")
 #: Environment that makes CTranslate2 (loaded after it is set) sum int8 products each way on an x86 CPU
-#: with AVX2: MKL's path is exact (VNNI, or its generic kernel on non-Intel CPUs); oneDNN capped at AVX2
-#: uses ``vpmaddubsw``, which saturates pairs in int16 whatever the CPU can do.
-ACCUMULATION_ENV = {"exact": {"CT2_USE_MKL": "1"},
+#: with AVX2: MKL's path, free to pick its kernels, is exact (VNNI, or its generic kernel on non-Intel CPUs);
+#: oneDNN capped at AVX2 uses ``vpmaddubsw``, which saturates pairs in int16 whatever the CPU can do.
+ACCUMULATION_ENV = {"exact": {"CT2_USE_MKL": "1", "MKL_CBWR": "AUTO"},
                     "int16-saturating": {"CT2_USE_MKL": "0", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 _VNNI = ("avx512_vnni", "avx_vnni")
 #: ``ONEDNN_MAX_CPU_ISA`` values that leave oneDNN its VNNI kernels (oneDNN's ISA names, upper case).
@@ -67,16 +71,29 @@ def int8_accumulation() -> dict[str, str]:
     use_mkl = os.environ.get("CT2_USE_MKL")
     mkl = info.vendor == "GenuineIntel" if use_mkl is None else use_mkl.strip().lower() in ("1", "true", "yes", "on")
     if mkl:
-        if vnni:
-            return {"backend": "mkl", "accumulation": "exact", "why": "MKL with VNNI"}
-        if info.vendor != "GenuineIntel":
-            return {"backend": "mkl", "accumulation": "exact", "why": "MKL's generic path on a non-Intel CPU"}
-        return {"backend": "mkl", "accumulation": "unknown", "why": "MKL on an Intel CPU without VNNI: not measured"}
+        return _mkl_accumulation(info.vendor == "GenuineIntel", vnni, "avx512f" in info.isa)
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if vnni and (not cap or cap in _ONEDNN_VNNI_ISAS):
         return {"backend": "onednn", "accumulation": "exact", "why": "oneDNN with VNNI"}
     why = f"oneDNN capped at {cap}" if vnni else "oneDNN without VNNI (vpmaddubsw)"
     return {"backend": "onednn", "accumulation": "int16-saturating", "why": why}
+
+
+def _mkl_accumulation(intel: bool, vnni: bool, avx512: bool) -> dict[str, str]:
+    """``int8_accumulation()`` where CTranslate2 uses MKL: on Intel CPUs by the kernels MKL is allowed
+    (``MKL_CBWR``'s branch, ``MKL_ENABLE_INSTRUCTIONS``), as measured (module doc)."""
+    if not intel:
+        return {"backend": "mkl", "accumulation": "exact", "why": "MKL's generic path on a non-Intel CPU"}
+    branch = os.environ.get("MKL_CBWR", "").split(",")[0].strip().upper()
+    allowed = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "").strip().upper()
+    if "AVX2" in (branch, allowed) or not (vnni or avx512):
+        held = f"MKL held to AVX2 ({'MKL_CBWR' if branch == 'AVX2' else 'MKL_ENABLE_INSTRUCTIONS'})" \
+            if "AVX2" in (branch, allowed) else "MKL on an Intel CPU without AVX-512 or VNNI"
+        return {"backend": "mkl", "accumulation": "int16-saturating", "why": f"{held}: vpmaddubsw"}
+    if vnni and branch in ("", "AUTO", "AVX512") and not allowed:
+        return {"backend": "mkl", "accumulation": "exact", "why": "MKL with VNNI"}
+    why = f"MKL_CBWR={branch}" if branch not in ("", "AUTO") else "MKL on an Intel CPU without VNNI"
+    return {"backend": "mkl", "accumulation": "unknown", "why": f"{why}: not measured"}
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
