@@ -413,6 +413,8 @@ def test_int8_variant_is_gated_under_both_ways_of_summing_int8_products(tok, tmp
     sums = json.loads((layout.quantized / "ct2-int8" / "variant.json").read_text())["int8_sums"]
     assert sums["this_host"]["accumulation"] in ACCUMULATIONS and set(sums["gated"]) == set(ACCUMULATIONS)
     exact, saturating = sums["gated"]["exact"], sums["gated"]["int16-saturating"]
+    if exact["status"] == "skipped":  # an Intel CPU without VNNI (or MKL held to AVX2 by the environment)
+        pytest.skip(f"this host cannot sum int8 products exactly: {exact}")
     assert exact["status"] == "accepted" and exact["bleu_delta"] > -20
     assert saturating["status"] == REJECTED and saturating["bleu_delta"] < exact["bleu_delta"] - 20
     assert summary["ct2-int8"]["status"] == REJECTED and summary["serving_default"] == "ct2-float32"
