@@ -93,9 +93,18 @@ def one_process(tmp_path: Path, max_steps: int, grad_accum: int, name: str = "on
     return result, per_step
 
 
-def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> float:
+#: Weights whose gradient is zero in exact arithmetic: a key bias adds ``q . b_k`` to every attention logit of a
+#: query, which softmax ignores, so its gradient is rounding noise (~1e-9), and Adam (eps 1e-9) turns noise into
+#: lr-sized steps of either sign. Its values are then the run's rounding, different under other sums (an Intel
+#: host's MKL kernels: 0.19 apart after 20 steps, FSDP against one process), and have no effect on the output.
+NOISE_ONLY = ("self_attn.k_proj.bias", "cross_attn.k_proj.bias")
+
+
+def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 5e-5) -> float:
+    """The largest difference between two state dicts, NOISE_ONLY left out; fails above ``atol``. The rest differ
+    by rounding (up to 1.1e-5 seen, the k projections beside those biases)."""
     assert a.keys() == b.keys()
-    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a if not k.endswith(NOISE_ONLY))
     assert worst <= atol, f"weights differ by up to {worst:.3g}"
     return worst
 
