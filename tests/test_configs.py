@@ -113,7 +113,7 @@ def test_default_job_keeps_paper_loss_and_decoding():
     p = load_params(REPO / "params.yaml")
     assert tuple(p.train.adam_betas) == (0.9, 0.98) and p.train.adam_eps == 1e-9
     # beam 4 and max length +50 are the paper's (Sec. 6.1); alpha is tuned on val as the paper tuned it on its dev set
-    assert (p.evaluate.beam_size, p.evaluate.max_len_b) == (4, 50)
+    assert (p.evaluate.beam_size, p.evaluate.len_penalty, p.evaluate.max_len_b) == (4, 1.0, 50)
     assert p.tokenize.model_type == "bpe"
 
 

@@ -186,8 +186,7 @@ def test_the_validated_choice_keeps_the_better_model_when_averaging_hurts(task, 
     checkpoints (15..60; 15 is barely trained) scores worse on validation than the late checkpoints; the guard
     keeps the best single checkpoint and says why. Which later one scores best is the host's rounding (step 63 on
     an AVX-512 host, step 60 on an AVX2-only one, 30 on an Intel one with MKL_CBWR=AVX2), so the test scores every
-    checkpoint itself. With guard: warn
-    the average stays, with a warning."""
+    checkpoint itself. With guard: warn the average stays, with a warning."""
     _, model_cfg, tr, va, _, _ = task
     c = cfg(max_steps=63, checkpoint_every=15, keep_checkpoints=4, average_last=4, warmup_steps=2, lr_scale=4.0,
             validate_every=1000)

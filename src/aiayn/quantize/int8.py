@@ -86,13 +86,14 @@ def _mkl_accumulation(intel: bool, vnni: bool, avx512: bool) -> dict[str, str]:
         return {"backend": "mkl", "accumulation": "exact", "why": "MKL's generic path on a non-Intel CPU"}
     branch = os.environ.get("MKL_CBWR", "").split(",")[0].strip().upper()
     allowed = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "").strip().upper()
-    if "AVX2" in (branch, allowed) or not (vnni or avx512):
-        held = f"MKL held to AVX2 ({'MKL_CBWR' if branch == 'AVX2' else 'MKL_ENABLE_INSTRUCTIONS'})" \
-            if "AVX2" in (branch, allowed) else "MKL on an Intel CPU without AVX-512 or VNNI"
-        return {"backend": "mkl", "accumulation": "int16-saturating", "why": f"{held}: vpmaddubsw"}
+    held = "MKL_CBWR" if branch == "AVX2" else "MKL_ENABLE_INSTRUCTIONS" if allowed == "AVX2" else None
+    if held or not (vnni or avx512):
+        why = f"MKL held to AVX2 ({held})" if held else "MKL on an Intel CPU without AVX-512 or VNNI"
+        return {"backend": "mkl", "accumulation": "int16-saturating", "why": f"{why}: vpmaddubsw"}
     if vnni and branch in ("", "AUTO", "AVX512") and not allowed:
         return {"backend": "mkl", "accumulation": "exact", "why": "MKL with VNNI"}
-    why = f"MKL_CBWR={branch}" if branch not in ("", "AUTO") else "MKL on an Intel CPU without VNNI"
+    why = (f"MKL_CBWR={branch}" if branch not in ("", "AUTO") else
+           f"MKL_ENABLE_INSTRUCTIONS={allowed}" if allowed else "MKL on an Intel CPU without VNNI")
     return {"backend": "mkl", "accumulation": "unknown", "why": f"{why}: not measured"}
 
 
