@@ -28,13 +28,21 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-def _parser(stages: list[str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.stage", description="Run one aiayn stage as a Prefect flow.")
-    p.add_argument("stage", choices=stages, help="stage to run")
+def _parser(stages: list[str] | None) -> argparse.ArgumentParser:
+    """The command line; ``stages`` None: a lenient one (any stage word or none, no ``--help``)."""
+    p = argparse.ArgumentParser(prog="python -m pipelines.stage", description="Run one aiayn stage as a Prefect flow.",
+                                add_help=stages is not None)
+    p.add_argument("stage", choices=stages, nargs=None if stages else "?", help="stage to run")
     p.add_argument("--params", default="params.yaml", help="params file, relative to --root (default: params.yaml)")
     p.add_argument("--root", default=".", help="project root (default: current directory)")
     p.add_argument("--mirror", default=None, help="fetch only: local corpus folder (default: $AIAYN_DATA_MIRROR)")
     return p
+
+
+def _stage_name(argv: list[str]) -> str | None:
+    """The stage ``argv`` names (None when it names none), read before anything imports Prefect or torch:
+    the process defaults depend on it (``aiayn.settings.FP32_STAGES``)."""
+    return _parser(None).parse_known_args(argv)[0].stage
 
 
 def _failure_message(state) -> str:
@@ -49,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the stage's flow, return the exit status (0 ok, 1 stage failed, 130 interrupted)."""
     from pipelines import apply_project_env
 
-    apply_project_env()  # before Prefect and torch are imported
+    apply_project_env(_stage_name(sys.argv[1:] if argv is None else argv))  # before Prefect and torch load
 
     from aiayn.exitcodes import EXIT_INTERRUPTED
     from aiayn.settings import Settings

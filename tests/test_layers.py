@@ -194,6 +194,88 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
     assert out.stdout.splitlines()[-1] == "['Haswell']"  # numpy's and scipy's OpenBLAS: the drift reference's PCA
 
 
+def test_mkl_is_held_to_avx2_in_the_fp32_stages_of_an_intel_cpu():
+    """``MKL_CBWR=AVX2`` where the CPU is Intel's with AVX2 and FMA and the process runs a stage whose outputs are
+    fp32 model arithmetic (train, evaluate, the drift reference): Intel's MKL picks its GEMM kernels by CPUID, so
+    an AVX-512 Xeon trained other bytes than an AVX2-only Intel CPU. Never in quantize, serving or a process
+    without a stage (capped at AVX2, CTranslate2's int8 GEMM loses VNNI), never on AMD (one MKL path there,
+    measured) or without AVX2; the user's value wins. Both entry points read the stage from the command line."""
+    import os
+    from unittest import mock
+
+    from aiayn import cli, settings
+    from aiayn.settings import apply_process_defaults
+    from pipelines import stage as stage_main
+
+    avx512 = ("avx2", "fma", "avx512f")
+    for isa, vendor, stage, expected in (
+            (avx512, "GenuineIntel", "train", "AVX2"), (("avx2", "fma"), "GenuineIntel", "evaluate", "AVX2"),
+            (avx512, "GenuineIntel", "monitor_reference", "AVX2"), (avx512, "GenuineIntel", "monitor-reference", "AVX2"),
+            (avx512, "GenuineIntel", "quantize", None), (avx512, "GenuineIntel", "serve", None),
+            (avx512, "GenuineIntel", "translate", None), (avx512, "GenuineIntel", None, None),
+            (avx512, "AuthenticAMD", "train", None), (("avx2",), "GenuineIntel", "train", None),
+            ((), "GenuineIntel", "train", None)):
+        with mock.patch.dict(os.environ, {}, clear=True):
+            apply_process_defaults(isa, stage=stage, vendor=vendor)
+            assert os.environ.get("MKL_CBWR") == expected, (isa, vendor, stage)
+    with mock.patch.dict(os.environ, {"MKL_CBWR": "AUTO"}, clear=True):
+        apply_process_defaults(avx512, stage="train", vendor="GenuineIntel")
+        assert os.environ["MKL_CBWR"] == "AUTO"
+
+    assert stage_main._stage_name(["train"]) == "train"
+    assert stage_main._stage_name(["--params", "p.yaml", "evaluate", "--root", "x"]) == "evaluate"
+    assert stage_main._stage_name(["--root", "train", "quantize"]) == "quantize"
+    assert stage_main._stage_name([]) is None
+    for argv, expected in ((["aiayn", "evaluate", "--help"], "evaluate"), (["aiayn", "--help"], None),
+                           (["aiayn", "monitor-reference", "--help"], "monitor-reference")):
+        seen = []
+        with mock.patch.object(sys, "argv", argv), \
+                mock.patch.object(settings, "apply_process_defaults", lambda **kw: seen.append(kw["stage"])), \
+                pytest.raises(SystemExit):
+            cli.main()
+        assert seen == [expected]
+
+
+_GEMM_BYTES = r"""
+import hashlib, os, sys
+if sys.argv[1] != "bare":
+    from pipelines import stage
+    try:
+        stage.main([sys.argv[1], "--help"])
+    except SystemExit:
+        pass
+import torch
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+a, b = torch.randn(333, 517, generator=g), torch.randn(517, 259, generator=g)
+print(os.environ.get("MKL_CBWR"), hashlib.sha256((a @ b).numpy().tobytes()).hexdigest())
+"""
+
+
+def test_the_train_stage_computes_the_gemm_bytes_of_an_avx2_only_cpu():
+    """A train stage process (``python -m pipelines.stage train``) on this host computes an fp32 GEMM's bytes as
+    MKL computes them on a CPU with AVX2 and nothing wider (``MKL_ENABLE_INSTRUCTIONS=AVX2``, what an AVX2-only
+    Intel CPU runs); a quantize stage process leaves MKL its own choice. On an AVX-512 Xeon the train stage gave
+    other bytes before (MKL's AVX-512 kernels; docs/benchmarks.md, "An Intel host")."""
+    from aiayn.host import host_info
+
+    host = host_info(probe=False)
+    if not {"avx2", "fma"} <= set(host.isa):
+        pytest.skip("this CPU has no AVX2")
+
+    def gemm(mode: str, **env: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _GEMM_BYTES, mode], cwd=REPO, env=_bare_env() | env,
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[-2:]
+
+    intel = host.vendor == "GenuineIntel"
+    train, quantize = gemm("train"), gemm("quantize")
+    assert train[0] == ("AVX2" if intel else "None") and quantize[0] == "None"
+    assert train[1] == gemm("bare", MKL_ENABLE_INSTRUCTIONS="AVX2")[1]
+    assert quantize[1] == gemm("bare")[1]
+
+
 _COMPILED_EQUALS_EAGER = r"""
 import torch
 from aiayn.settings import apply_process_defaults

@@ -26,10 +26,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich
 
 def main() -> None:
     """The ``aiayn`` console script and ``python -m aiayn``: the process defaults
-    (``aiayn.settings.apply_process_defaults``, before anything loads torch), then the app."""
+    (``aiayn.settings.apply_process_defaults``, before anything loads torch; they depend on the
+    command, the first word of the command line that is not an option), then the app."""
     from aiayn.settings import apply_process_defaults
 
-    apply_process_defaults()
+    apply_process_defaults(stage=next((word for word in sys.argv[1:] if not word.startswith("-")), None))
     app()
 
 

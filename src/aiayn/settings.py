@@ -11,8 +11,9 @@ Two ``AIAYN_*`` variables are not read by any Python code and have no field:
 the MinIO service account that MLflow and the Prefect worker use).
 
 Importing ``aiayn`` changes nothing in the environment. ``apply_process_defaults`` sets the process
-defaults (``PROCESS_ENV_DEFAULTS`` and, on a CPU with AVX2, ``CPU_CAPABILITY_DEFAULT``; a value the
-user set wins); the entry points call it before anything loads torch: ``aiayn`` (``aiayn.cli.main``, ``python -m aiayn``) and the ``pipelines``
+defaults (``PROCESS_ENV_DEFAULTS`` and, on a CPU with AVX2, ``CPU_CAPABILITY_DEFAULT``; in the fp32
+stages on an Intel CPU, ``FP32_STAGE_DEFAULT``; a value the user set wins); the entry points call it
+before anything loads torch: ``aiayn`` (``aiayn.cli.main``, ``python -m aiayn``) and the ``pipelines``
 mains and flow modules.
 """
 
@@ -31,6 +32,8 @@ __all__ = [
     "apply_process_defaults",
     "PROCESS_ENV_DEFAULTS",
     "CPU_CAPABILITY_DEFAULT",
+    "FP32_STAGE_DEFAULT",
+    "FP32_STAGES",
     "TRACKING_ENV",
     "PARENT_RUN_ENV",
     "REGISTERED_MODEL_ENV",
@@ -94,12 +97,27 @@ PROCESS_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: CPU model, Haswell's on the AMD hosts seen until a Zen 4 (family 25, model 17) got SkylakeX's and a
 #: drift reference with other bytes from the same inputs (stop 49). Read when numpy loads.
 CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
+#: Set too in the processes of ``FP32_STAGES`` where the CPU is Intel's with AVX2 and FMA: Intel's MKL
+#: picks its fp32 GEMM kernels by CPUID, so an AVX-512 Xeon and an AVX2-only Intel CPU trained other bytes
+#: (AMD hosts: one MKL path whatever the setting, measured; not set there). ``MKL_CBWR=AVX2`` makes an
+#: Intel host compute what MKL computes on an AVX2-only one (Intel's "Conditional Numerical
+#: Reproducibility"). Results, and speed: 0.845x the main job's step on an AVX-512 Xeon (docs/benchmarks.md,
+#: "An Intel host"). Not process-wide: capped at AVX2, MKL's int8 GEMM, which CTranslate2 uses, loses
+#: VNNI and sums int8 products the int16-saturating way, so the quantize stage, serving and ``aiayn
+#: translate`` keep MKL's own choice. A value the user set (``MKL_CBWR=AUTO``: MKL's choice) wins.
+FP32_STAGE_DEFAULT = {"MKL_CBWR": "AVX2"}
+#: The stages whose outputs are the model's fp32 arithmetic (the weights, the test-set translations and
+#: scores, the drift reference's embeddings): ``python -m pipelines.stage <name>`` and ``aiayn <name>``.
+FP32_STAGES = frozenset({"train", "evaluate", "monitor_reference", "monitor-reference"})
 
 
-def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
+def apply_process_defaults(isa: tuple[str, ...] | None = None, *, stage: str | None = None,
+                           vendor: str | None = None) -> None:
     """Set ``PROCESS_ENV_DEFAULTS``, and ``CPU_CAPABILITY_DEFAULT`` when ``isa`` (default: this host's
-    flags, ``aiayn.host``) has ``avx2`` and ``fma``, in ``os.environ`` (a value already set wins).
-    Call it before the process runs its first PyTorch CPU op: PyTorch fixes its kernels then.
+    flags, ``aiayn.host``) has ``avx2`` and ``fma``, in ``os.environ`` (a value already set wins); and
+    ``FP32_STAGE_DEFAULT`` too when ``stage`` (the stage or command the process runs) is one of
+    ``FP32_STAGES`` and ``vendor`` (default: this host's) is ``GenuineIntel``.
+    Call it before the process runs its first PyTorch CPU op: PyTorch and MKL fix their kernels then.
 
     Also ``TORCHINDUCTOR_CACHE_DIR`` (unless set): Inductor's default folder with one subfolder per
     ``ATEN_CPU_CAPABILITY`` value (``aten-avx2``, ``aten-native`` when unset). Inductor's cache reuses
@@ -107,9 +125,14 @@ def apply_process_defaults(isa: tuple[str, ...] | None = None) -> None:
     after one under the other capability computed NaN and wrong sums), so each gets its own."""
     from aiayn.host import host_info
 
+    host = host_info(probe=False) if isa is None or vendor is None else None
+    isa = host.isa if isa is None else isa
+    vendor = host.vendor if vendor is None else vendor
     defaults = dict(PROCESS_ENV_DEFAULTS)
-    if {"avx2", "fma"} <= set(host_info(probe=False).isa if isa is None else isa):
+    if {"avx2", "fma"} <= set(isa):
         defaults |= CPU_CAPABILITY_DEFAULT
+        if stage in FP32_STAGES and vendor == "GenuineIntel":
+            defaults |= FP32_STAGE_DEFAULT
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     capability = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
