@@ -7,6 +7,8 @@ states shown. Typer's default "rich" markup kept the docstrings' hard line break
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 import typer
 from typer.testing import CliRunner
@@ -14,6 +16,8 @@ from typer.testing import CliRunner
 from aiayn.cli import app
 from aiayn.config import EvalConfig
 from aiayn.decoders import DecodeOptions
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _group():
@@ -91,3 +95,17 @@ def test_a_stage_command_reads_params_from_root(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["monitor", "--root", "../proj", "--input", str(corpus / "test.en"), "--no-track"])
     assert result.exit_code == 2 and "aiayn monitor: error:" in result.output and "params" not in result.output, \
         result.output
+
+
+def test_check_says_where_multi30k_comes_from_until_it_is_fetched(tmp_path):
+    """``aiayn check`` on the default params in a project whose data/multi30k holds nothing: fine (exit 0), and one
+    note naming ``aiayn fetch`` (a new user running the stages one by one got "ok" and then a corpus-stage error);
+    once the folder holds the corpus, no note."""
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    result = CliRunner().invoke(app, ["check", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "ok" in result.output and "`aiayn fetch`" in result.output
+    (tmp_path / "data" / "multi30k").mkdir(parents=True)
+    (tmp_path / "data" / "multi30k" / "train.en").write_text("a dog\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["check", "--root", str(tmp_path)])
+    assert result.exit_code == 0 and "fetch" not in result.output, result.output

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from aiayn.config import ConfigError, Params, params_from_dict
 
-__all__ = ["check_params", "check_params_file", "dvc_params_missing", "dvc_problems", "load_checked"]
+__all__ = ["check_params", "check_params_file", "fetch_note", "dvc_params_missing", "dvc_problems", "load_checked"]
 
 
 def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
@@ -150,6 +150,23 @@ def check_params_file(path: str | Path, root: str | Path | None = None) -> list[
     except ConfigError as e:  # blocks that load alone but not together
         return problems + [str(e)]
     return problems + [m for sections, m in _problems(params, Path(root) if root else None) if not sections & bad]
+
+
+def fetch_note(path: str | Path, root: str | Path) -> str | None:
+    """One line for ``aiayn check`` when the params at ``path`` read Multi30k from a folder under ``root``
+    that holds nothing yet: not a problem (``aiayn fetch`` fills it, and ``make run`` fetches first), but
+    what a new user running the stages one by one needs next. None otherwise (or when the file does not load:
+    its problems are said instead)."""
+    try:
+        params = params_from_dict(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    except (OSError, yaml.YAMLError, ConfigError, AttributeError):
+        return None
+    corpus = params.data.corpus
+    folder = Path(corpus.path) if Path(corpus.path).is_absolute() else Path(root) / corpus.path
+    if corpus.kind != "multi30k" or (folder.is_dir() and any(folder.iterdir())):
+        return None
+    return (f"note: {corpus.path} holds no Multi30k yet: `aiayn fetch` puts it there (`--mirror DIR` or "
+            "$AIAYN_DATA_MIRROR for a local copy); `make run` fetches it first")
 
 
 def dvc_params_missing(raw: Any, dvc_yaml: str | Path) -> list[tuple[str, str]]:

@@ -76,7 +76,7 @@ def check(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) ->
     """Check params.yaml before any stage runs: every problem at once (blocks that do not load, and the
     cross-field checks: gate split, splits the corpus lacks, vocabulary, grad_accum vs nproc_per_node, ...;
     keys dvc.yaml's stages name that the file lacks). Exit status: 0 fine, 2 problems (one line each)."""
-    from aiayn.checks import check_params_file, dvc_problems
+    from aiayn.checks import check_params_file, dvc_problems, fetch_note
 
     params = under_root(params, root)
     problems = check_params_file(params, root) + dvc_problems(params, root)
@@ -86,6 +86,9 @@ def check(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) ->
         typer.echo(f"aiayn check: {len(problems)} problem(s) in {params}", err=True)
         raise typer.Exit(2)
     typer.echo(f"{params}: ok")
+    note = fetch_note(params, root)
+    if note:
+        typer.echo(note, err=True)
 
 
 @app.command()
