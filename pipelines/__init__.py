@@ -28,7 +28,8 @@ PROJECT_ENV_DEFAULTS = {
 
 def apply_project_env(stage: str | None = None) -> None:
     """Set ``PROJECT_ENV_DEFAULTS`` and aiayn's process defaults (``aiayn.settings``; ``stage``: the one
-    stage this process runs, if any) in ``os.environ``, each unless already set; then, when Prefect will start a temporary API server, have it start in a
+    stage this process runs, if any: only ``python -m pipelines.stage`` knows it) in ``os.environ``,
+    each unless already set; then, when Prefect will start a temporary API server, have it start in a
     session of its own, so a terminal's Ctrl-C stops the flow cleanly instead of killing the API the
     flow reports to (``pipelines.prefect_api``)."""
     from aiayn.settings import apply_process_defaults

@@ -31,7 +31,7 @@ __all__ = ["main"]
 def _parser(stages: list[str] | None) -> argparse.ArgumentParser:
     """The command line; ``stages`` None: a lenient one (any stage word or none, no ``--help``)."""
     p = argparse.ArgumentParser(prog="python -m pipelines.stage", description="Run one aiayn stage as a Prefect flow.",
-                                add_help=stages is not None)
+                                add_help=stages is not None, exit_on_error=stages is not None)
     p.add_argument("stage", choices=stages, nargs=None if stages else "?", help="stage to run")
     p.add_argument("--params", default="params.yaml", help="params file, relative to --root (default: params.yaml)")
     p.add_argument("--root", default=".", help="project root (default: current directory)")
@@ -41,8 +41,12 @@ def _parser(stages: list[str] | None) -> argparse.ArgumentParser:
 
 def _stage_name(argv: list[str]) -> str | None:
     """The stage ``argv`` names (None when it names none), read before anything imports Prefect or torch:
-    the process defaults depend on it (``aiayn.settings.FP32_STAGES``)."""
-    return _parser(None).parse_known_args(argv)[0].stage
+    the process defaults depend on it (``aiayn.settings.FP32_STAGES``). A bad command line is the real
+    parser's to report: None here."""
+    try:
+        return _parser(None).parse_known_args(argv)[0].stage
+    except argparse.ArgumentError:
+        return None
 
 
 def _failure_message(state) -> str:

@@ -108,4 +108,4 @@ def test_check_says_where_multi30k_comes_from_until_it_is_fetched(tmp_path):
     (tmp_path / "data" / "multi30k").mkdir(parents=True)
     (tmp_path / "data" / "multi30k" / "train.en").write_text("a dog\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["check", "--root", str(tmp_path)])
-    assert result.exit_code == 0 and "fetch" not in result.output, result.output
+    assert result.exit_code == 0 and "`aiayn fetch`" not in result.output, result.output

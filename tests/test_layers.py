@@ -226,6 +226,7 @@ def test_mkl_is_held_to_avx2_in_the_fp32_stages_of_an_intel_cpu():
     assert stage_main._stage_name(["--params", "p.yaml", "evaluate", "--root", "x"]) == "evaluate"
     assert stage_main._stage_name(["--root", "train", "quantize"]) == "quantize"
     assert stage_main._stage_name([]) is None
+    assert stage_main._stage_name(["train", "--params"]) is None  # the real parser reports it
     for argv, expected in ((["aiayn", "evaluate", "--help"], "evaluate"), (["aiayn", "--help"], None),
                            (["aiayn", "monitor-reference", "--help"], "monitor-reference")):
         seen = []
@@ -272,8 +273,10 @@ def test_the_train_stage_computes_the_gemm_bytes_of_an_avx2_only_cpu():
     intel = host.vendor == "GenuineIntel"
     train, quantize = gemm("train"), gemm("quantize")
     assert train[0] == ("AVX2" if intel else "None") and quantize[0] == "None"
-    assert train[1] == gemm("bare", MKL_ENABLE_INSTRUCTIONS="AVX2")[1]
-    assert quantize[1] == gemm("bare")[1]
+    avx2_only, own = gemm("bare", MKL_ENABLE_INSTRUCTIONS="AVX2")[1], gemm("bare")[1]
+    assert train[1] == avx2_only and quantize[1] == own
+    if intel and "avx512f" in host.isa:  # the case the setting is for: MKL's own kernels sum otherwise here
+        assert own != avx2_only
 
 
 _COMPILED_EQUALS_EAGER = r"""
@@ -400,3 +403,44 @@ def test_the_scan_for_compile_warnings_sees_an_invalid_escape(tmp_path):
 def test_every_file_compiles_without_a_warning():
     found = compile_warnings(SIZE_SCANNED)
     assert not found, f"files whose compilation warns (invalid escapes turn into errors in later Pythons): {found}"
+
+
+_RANK_ENV = r"""
+import os, runpy, sys
+sys.argv = ["train_worker"]  # no ROOT/JOB_DIR: usage, exit 2, after the module's start-up
+try:
+    runpy.run_module("aiayn.stages.train_worker", run_name="__main__")
+except SystemExit:
+    pass
+print(os.environ.get("MKL_CBWR"), os.environ.get("ATEN_CPU_CAPABILITY"))
+"""
+
+
+def test_a_rank_started_by_hand_computes_as_the_train_stage_and_a_launched_one_as_its_launcher():
+    """``python -m aiayn.stages.train_worker`` (what each node runs for a multi-node job) applies the train stage's
+    process defaults before torch loads; a value it is given wins, which is how the one-node launcher makes its
+    ranks sum as it does (it passes its MKL setting on, ``AUTO`` when unset; tests/test_distributed.py's
+    comparisons of ranks with one process pass either way, within their tolerance)."""
+    from aiayn.host import host_info
+
+    host = host_info(probe=False)
+
+    def rank_env(**env: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _RANK_ENV], cwd=REPO, env=_bare_env() | env, capture_output=True,
+                             text=True, timeout=180)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()[-2:]
+
+    avx2 = {"avx2", "fma"} <= set(host.isa)
+    intel_avx2 = avx2 and host.vendor == "GenuineIntel"
+    assert rank_env() == ["AVX2" if intel_avx2 else "None", "avx2" if avx2 else "None"]
+    assert rank_env(MKL_CBWR="AUTO")[0] == "AUTO"  # what the launcher passes when it runs MKL's own kernels
+
+    import os
+    from unittest import mock
+
+    from aiayn.stages.train import _rank_env
+
+    for here, passed in (({}, "AUTO"), ({"MKL_CBWR": ""}, "AUTO"), ({"MKL_CBWR": "AVX2"}, "AVX2")):
+        with mock.patch.dict(os.environ, here | {"PATH": "/bin"}, clear=True):
+            assert _rank_env() == {"PATH": "/bin", "MKL_CBWR": passed}

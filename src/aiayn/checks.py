@@ -163,7 +163,10 @@ def fetch_note(path: str | Path, root: str | Path) -> str | None:
         return None
     corpus = params.data.corpus
     folder = Path(corpus.path) if Path(corpus.path).is_absolute() else Path(root) / corpus.path
-    if corpus.kind != "multi30k" or (folder.is_dir() and any(folder.iterdir())):
+    try:
+        if corpus.kind != "multi30k" or folder.is_file() or (folder.is_dir() and any(folder.iterdir())):
+            return None
+    except OSError:  # unreadable: the corpus stage says so, with its own message
         return None
     return (f"note: {corpus.path} holds no Multi30k yet: `aiayn fetch` puts it there (`--mirror DIR` or "
             "$AIAYN_DATA_MIRROR for a local copy); `make run` fetches it first")

@@ -30,6 +30,7 @@ def main() -> None:
     command, the first word of the command line that is not an option), then the app."""
     from aiayn.settings import apply_process_defaults
 
+    # the app has no global option that takes a value (no callback), so the first word is the command
     apply_process_defaults(stage=next((word for word in sys.argv[1:] if not word.startswith("-")), None))
     app()
 

@@ -14,7 +14,11 @@ Importing ``aiayn`` changes nothing in the environment. ``apply_process_defaults
 defaults (``PROCESS_ENV_DEFAULTS`` and, on a CPU with AVX2, ``CPU_CAPABILITY_DEFAULT``; in the fp32
 stages on an Intel CPU, ``FP32_STAGE_DEFAULT``; a value the user set wins); the entry points call it
 before anything loads torch: ``aiayn`` (``aiayn.cli.main``, ``python -m aiayn``) and the ``pipelines``
-mains and flow modules.
+mains and flow modules. Only the processes that run one stage know it, and only they set
+``FP32_STAGE_DEFAULT``: ``aiayn <stage>``, ``python -m pipelines.stage <stage>`` (every ``dvc.yaml`` cmd)
+and a distributed rank (``python -m aiayn.stages.train_worker``). A flow run in a process of its own
+choosing (a Prefect worker running ``pipelines.flows.train`` in-process, the ``drift`` flow's check)
+keeps MKL's own kernels; the drift check's embeddings are compared statistically, so that is harmless.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "H
 FP32_STAGE_DEFAULT = {"MKL_CBWR": "AVX2"}
 #: The stages whose outputs are the model's fp32 arithmetic (the weights, the test-set translations and
 #: scores, the drift reference's embeddings): ``python -m pipelines.stage <name>`` and ``aiayn <name>``.
+#: (``aiayn monitor`` is not one: it writes no pipeline output, and the drift flow runs it in-process.)
 FP32_STAGES = frozenset({"train", "evaluate", "monitor_reference", "monitor-reference"})
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -94,6 +95,13 @@ class _TrainProgress:
         self.progress.update(step, info)
 
 
+def _rank_env() -> dict[str, str]:
+    """The environment of the ranks the launcher starts: this process's, with MKL's setting stated (``AUTO``, MKL's
+    own kernels, when unset here), so that they sum as this process does: a rank started by hand applies the train
+    stage's defaults itself (``aiayn.settings.FP32_STAGE_DEFAULT``), which may hold MKL to AVX2."""
+    return os.environ | {"MKL_CBWR": os.environ.get("MKL_CBWR") or "AUTO"}
+
+
 def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress: _TrainProgress) -> TrainResult:
     """Run ``train`` on ``params.train.nproc_per_node`` ranks through torchrun (``aiayn.stages.train_worker``).
 
@@ -114,7 +122,7 @@ def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress:
     cmd = torchrun_command(params.train.nproc_per_node, "aiayn.stages.train_worker", str(layout.root.resolve()),
                            str(job_dir.resolve()))
     log.info("train: launching %d ranks: %s", params.train.nproc_per_node, " ".join(cmd))
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env=_rank_env())
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:

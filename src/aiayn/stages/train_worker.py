@@ -14,7 +14,12 @@ which); 1 on an error (its message on stderr).
 
 from __future__ import annotations
 
-import json
+if __name__ == "__main__":  # a rank's own process (torchrun, or started by hand on each node): the stage's
+    from aiayn.settings import apply_process_defaults  # process defaults, before the imports below load torch
+
+    apply_process_defaults(stage="train")
+
+import json  # noqa: E402
 import logging
 import sys
 from pathlib import Path
