@@ -26,7 +26,7 @@ __all__ = ["check_params", "check_params_file", "fetch_note", "dvc_params_missin
 
 def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
     """``(sections involved, message)`` per problem."""
-    from aiayn.data.sources import available_splits, moses_languages, split_problems
+    from aiayn.data.sources import _resolve, available_splits, moses_languages, split_problems
 
     d, q, t = params.data, params.quantize, params.train
     out: list[tuple[set[str], str]] = []
@@ -46,7 +46,7 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
         out.append(({"data"}, f"data.corpus.sacrebleu names {stray}, which are not in data.test_splits"))
     no_folder = False  # a local corpus's folder missing (Multi30k and hub datasets have none to check)
     if d.corpus.kind != "multi30k" and not d.corpus.name and root is not None:
-        no_folder = not (Path(d.corpus.path) if Path(d.corpus.path).is_absolute() else root / d.corpus.path).exists()
+        no_folder = not _resolve(root, d.corpus.path).exists()
     if no_folder:  # one cause, one line: no split can be looked for in it
         out.append(({"data"}, f"data.corpus.path {d.corpus.path!r} does not exist (under {root})"))
     have = None if no_folder else available_splits(d, root)
@@ -161,8 +161,10 @@ def fetch_note(path: str | Path, root: str | Path) -> str | None:
         params = params_from_dict(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
     except (OSError, yaml.YAMLError, ConfigError, AttributeError):
         return None
+    from aiayn.data.sources import _resolve  # the corpus stage's reading of data.corpus.path
+
     corpus = params.data.corpus
-    folder = Path(corpus.path) if Path(corpus.path).is_absolute() else Path(root) / corpus.path
+    folder = _resolve(Path(root), corpus.path)
     try:
         if corpus.kind != "multi30k" or folder.is_file() or (folder.is_dir() and any(folder.iterdir())):
             return None
