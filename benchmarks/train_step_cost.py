@@ -4,13 +4,20 @@ the two loss paths, in one process and alternating rounds (like with like).
 Each variant is ``NAME:MAX_TOKENS[:key=value...]``; keys: ``tok=DIR`` (a tokenized folder, its vocabulary;
 default ``--tokenized``), ``chunk=N`` (the fused loss with ``loss_chunk_tokens`` N; 0 or absent: the plain
 logits path), ``compile=1`` (``torch.compile(model.forward, dynamic=True)``, as ``train.compile`` does; its
-compilation happens in the warm-up, outside the timing, and is printed), and any ``ModelConfig`` field of the
-``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
+compilation happens in the warm-up, outside the timing, and is printed), ``old=1`` (the step before the cheaper
+CPU step of docs/benchmarks.md: ``torch.nn.Dropout``, rotary positions in their real form, Adam's per-tensor loop;
+otherwise the trainer's: ``aiayn.model.dropout``, one complex multiply, ``fused=True``), and any ``ModelConfig``
+field of the ``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
 Each round runs every variant over ~30k target tokens of its own Multi30k batches; the table gives medians
 and min-max. The issue-25 table of docs/benchmarks.md ("The main job re-tuned for the slowest host"):
 
     python benchmarks/train_step_cost.py --rounds 5 old:2048:tok=OLD8K/artifacts/tokenized \\
         new_plain:2048:norm=pre new_fused:2048:norm=pre:chunk=512
+
+The cheaper CPU step (the main job's model, like with like):
+
+    python benchmarks/train_step_cost.py --rounds 7 \\
+        before:2048:old=1:norm=pre:chunk=512:positions=rope:dropout=0.05 after:2048:norm=pre:chunk=512:positions=rope:dropout=0.05
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from aiayn.batching import collate, make_batches
 from aiayn.config import model_preset
 from aiayn.host import host_info
 from aiayn.model import Transformer
+from aiayn.model.dropout import Dropout
+from aiayn.model.positions import RotaryPositions
 from aiayn.tokenizer import load_encoded
 from aiayn.train import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 
@@ -52,7 +61,7 @@ def steps(model: Transformer, batches: list, opt: torch.optim.Optimizer, chunk: 
 
 def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch.optim.Optimizer, int]:
     name, max_tokens, *fields = spec.split(":")
-    tok, chunk, compiled, overrides = default_tok, 0, False, {}
+    tok, chunk, compiled, old, overrides = default_tok, 0, False, False, {}
     preset = model_preset("tiny")
     for kv in fields:
         key, value = kv.split("=", 1)
@@ -62,6 +71,8 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
             chunk = int(value)
         elif key == "compile":
             compiled = bool(int(value))
+        elif key == "old":
+            old = bool(int(value))
         else:
             current = getattr(preset, key)
             overrides[key] = value if isinstance(current, str) else type(current)(value)
@@ -75,7 +86,9 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
             break
     torch.manual_seed(0)
     model = Transformer(model_preset("tiny", vocab_size=vocab, attention_backend="sdpa", **overrides))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    if old:
+        use_old_step(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=not old)
     if compiled:
         model.forward = torch.compile(model.forward, dynamic=True)  # what Trainer does with train.compile
     t0 = time.perf_counter()
@@ -83,6 +96,24 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
     if compiled:
         print(f"{name}: compile + 3 warm-up steps {time.perf_counter() - t0:.1f} s")
     return name, model, batches, opt, chunk
+
+
+def use_old_step(model: Transformer) -> None:
+    """``model`` as it trained before the cheaper CPU step: ``torch.nn.Dropout`` (one Bernoulli draw per
+    element) and rotary positions in their real form (two strided halves, four products, a stack)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Dropout):
+                setattr(module, name, torch.nn.Dropout(child.p))
+        if isinstance(module, RotaryPositions):
+            module.rotate = lambda x, start, rope=module: real_rotation(rope, x, start)
+
+
+def real_rotation(rope: RotaryPositions, x: torch.Tensor, start: int) -> torch.Tensor:
+    """RoFormer eq. 34 as it was computed before: ``(even cos - odd sin, even sin + odd cos)``."""
+    cos, sin = rope.cos[start : start + x.shape[-2]], rope.sin[start : start + x.shape[-2]]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
 def main() -> None:

@@ -182,13 +182,14 @@ def evaluator(model_cfg, valid):
 
 
 def test_the_validated_choice_keeps_the_better_model_when_averaging_hurts(task, tmp_path):
-    """A run cut off its checkpoint grid (step 63, grid of 15, a high lr): the average of the grid's last 4
-    checkpoints (15..60; 15 is barely trained) scores worse on validation than the late checkpoints; the guard
-    keeps the best single checkpoint and says why. Which later one scores best is the host's rounding (step 63 on
-    an AVX-512 host, step 60 on an AVX2-only one, 30 on an Intel one with MKL_CBWR=AVX2), so the test scores every
-    checkpoint itself. With guard: warn the average stays, with a warning."""
+    """A run cut off its checkpoint grid (step 63, grid of 15) while its loss still falls fast (a low lr): the
+    average of the grid's last 4 checkpoints (15..60; 15 is barely trained) lags the late checkpoints on
+    validation (valid_loss ~2.91 against ~2.68 at step 63 here); the guard keeps the best single checkpoint and says
+    why. Which late one scores best is the host's rounding, so the test scores every checkpoint itself. (A high lr,
+    this test's first setting, made the average the better model once the step's float order changed: averaging a
+    noisy plateau helps.) With guard: warn the average stays, with a warning."""
     _, model_cfg, tr, va, _, _ = task
-    c = cfg(max_steps=63, checkpoint_every=15, keep_checkpoints=4, average_last=4, warmup_steps=2, lr_scale=4.0,
+    c = cfg(max_steps=63, checkpoint_every=15, keep_checkpoints=4, average_last=4, warmup_steps=2, lr_scale=0.5,
             validate_every=1000)
     train(model_cfg, c, tr, va, tmp_path / "ck")
     ckpts = {checkpoint_step(p): p for p in list_checkpoints(tmp_path / "ck")}

@@ -16,7 +16,8 @@ Readable top to bottom: multi-head attention -> feed-forward -> encoder layer ->
   ``share_embeddings=False`` gives the source its own matrix; the target input embedding and
   the output projection stay tied (fairseq's ``share_decoder_input_output_embed``).
 - Sinusoidal positions (Sec. 3.5) and dropout on embeddings + positions and on every sublayer
-  output (Sec. 5.4). ``positions``: ``learned`` (a trained table), ``rope`` (rotary queries/keys in
+  output (Sec. 5.4; on CPU ``aiayn.model.dropout``'s mask, a quarter of torch's random draws,
+  ``p`` rounded to 1/65536). ``positions``: ``learned`` (a trained table), ``rope`` (rotary queries/keys in
   self-attention) or ``alibi`` (distance bias on self-attention scores) instead; see
   ``aiayn.model.positions``. ``norm_type='rmsnorm'`` replaces every LayerNorm by RMSNorm (Zhang &
   Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4; eps 1e-6 as in LLaMA).
@@ -56,6 +57,7 @@ from torch import nn
 
 from aiayn.config import PAD_ID, ModelConfig
 from aiayn.model.attention import BACKENDS, AttendFn, logger, select_backend
+from aiayn.model.dropout import Dropout
 from aiayn.model.kv_cache import KVCache
 from aiayn.model.positions import RotaryPositions, additive_positions, alibi_bias, alibi_slopes, check_range
 
@@ -169,7 +171,7 @@ class _Residual(nn.Module):
         super().__init__()
         self.pre = norm == "pre"
         self.norm = _norm(d_model, norm_type)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
         if self.pre:
@@ -335,7 +337,7 @@ class Transformer(nn.Module):
                 self.register_buffer("alibi_slopes", slopes, persistent=False)
             else:
                 self.alibi_slopes = None
-            self.dropout = nn.Dropout(cfg.dropout)
+            self.dropout = Dropout(cfg.dropout)
             pre = cfg.norm == "pre"
             if self.decoder_only:  # one causal stack: the encoder's layers + the decoder's, no cross-attention
                 self.encoder_layers = nn.ModuleList()

@@ -259,12 +259,15 @@ class Trainer:
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
+        # torch's fused kernel: one pass over each parameter instead of ~12 small ops (a 3 % cheaper CPU step in
+        # benchmarks/train_step_cost.py); FSDP's DTensor shards keep the per-tensor loop
         self.optimizer = torch.optim.Adam(
             self.model.parameters(),
             lr=self._lr(1),
             betas=cfg.adam_betas,
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
+            fused=self.mode != "fsdp",
         )
 
     def _resume(self, state: TrainState, path: Path) -> None:
