@@ -111,3 +111,71 @@ def test_the_trainer_steps_adam_with_torchs_fused_kernel(tmp_path):
     trainer = Trainer(cfg, TrainConfig(max_steps=1, max_tokens=64), split, split, tmp_path)
     trainer.setup(resume=False)
     assert trainer.optimizer.defaults["fused"] is True
+
+
+def test_a_p_the_mask_cannot_apply_is_refused():
+    """Below 2**-17 the mask would drop nothing, within 2**-17 of 1 everything (and divide by zero)."""
+    for bad in (1e-6, 1 - 1e-6):
+        with pytest.raises(ValueError, match="resolution"):
+            Dropout(bad)
+    assert quantized_p(2**-16) == 2**-16 and quantized_p(1 - 2**-16) == 1 - 2**-16
+
+
+def test_compiled_code_and_odd_layouts_keep_the_plain_forms(monkeypatch):
+    """Under torch.compile dropout is torch's (inductor draws its own masks) and rotary positions take the real
+    form; a layout view_as_complex cannot take (an odd storage offset) takes the real form too, same values."""
+    import aiayn.model.dropout as mod
+
+    x = torch.ones(4, 6)
+    calls = []
+    monkeypatch.setattr(mod.F, "dropout", lambda t, p, training: calls.append(p) or t)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert dropout(x, 0.25, training=True) is x and calls == [0.25]
+    rope = RotaryPositions(head_dim=8, max_positions=16)
+    y = torch.randn(2, 3, 5, 8)
+    assert torch.equal(rope.rotate(y, 2), _rotate_real(rope, y, 2))
+    monkeypatch.undo()
+    odd = torch.randn(2, 3, 5, 9)[..., 1:]  # storage offset 1, strides 135 / 45 / 9
+    assert torch.equal(rope.rotate(odd, 2), _rotate_real(rope, odd, 2))
+
+
+def _old_adam(trainer) -> None:
+    """The optimizer as written before the fused kernel (what an older checkpoint's param groups carry)."""
+    trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), lr=trainer._lr(1), betas=trainer.cfg.adam_betas,
+                                         eps=trainer.cfg.adam_eps, weight_decay=trainer.cfg.weight_decay)
+
+
+def test_a_resumed_run_steps_with_the_fused_kernel_whatever_wrote_its_checkpoint(tmp_path, monkeypatch):
+    """torch's load_state_dict takes each group's settings from the checkpoint, ``fused`` included: a run
+    resumed from a checkpoint of the per-tensor loop (or of FSDP's ranks) would keep that loop."""
+    from aiayn.config import TrainConfig
+    from aiayn.tokenizer import EncodedSplit
+    from aiayn.train.trainer import Trainer
+
+    split = EncodedSplit.from_lists([[5, 6, 7, 3]] * 8, [[8, 9, 3]] * 8)
+    cfg = model_preset("tiny", vocab_size=16, d_model=16, n_heads=2, d_ff=32, n_layers=1)
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "_setup_optimizer", _old_adam)
+        first = Trainer(cfg, TrainConfig(max_steps=2, max_tokens=64, warmup_steps=1), split, None, tmp_path)
+        first.setup()
+        first.train()
+        assert not first.optimizer.param_groups[0]["fused"]
+    second = Trainer(cfg, TrainConfig(max_steps=4, max_tokens=64, warmup_steps=1), split, None, tmp_path)
+    second.setup()
+    assert second.result.resumed_from == 2
+    assert all(g["fused"] is True for g in second.optimizer.param_groups)
+
+
+def test_a_checkpoint_of_another_step_arithmetic_is_not_resumed(monkeypatch):
+    """The fingerprint holds ``STEP_ARITHMETIC``: a checkpoint written by the old step (torch's mask, Adam's loop)
+    starts a fresh run instead of mixing two float orders in one model. Budgets stay out of it (a raised
+    ``max_steps`` continues a run, README)."""
+    from aiayn.config import TrainConfig
+    from aiayn.train import trainer as tr
+
+    cfg = model_preset("tiny", vocab_size=16)
+    fp = lambda **kw: tr.config_fingerprint(cfg, TrainConfig(warmup_steps=500, **kw), "data")  # noqa: E731
+    before = fp(lr_decay="linear", max_steps=1900)
+    assert fp(lr_decay="linear", max_steps=2000) == before
+    monkeypatch.setattr(tr, "STEP_ARITHMETIC", tr.STEP_ARITHMETIC + 1)
+    assert fp(lr_decay="linear", max_steps=1900) != before

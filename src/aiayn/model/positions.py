@@ -160,7 +160,8 @@ class RotaryPositions(nn.Module):
         ~4 % of the main job's CPU step cheaper than the real form below, measured in
         ``benchmarks/train_step_cost.py``; the same products and sums, hence the same bytes wherever the
         vector kernels cover the row: every head_dim that is a multiple of 16). Other dtypes (no complex
-        type) and code under ``torch.compile`` (inductor generates no complex code):
+        type), a layout ``view_as_complex`` cannot take, and code under ``torch.compile`` (inductor generates
+        no complex code):
         ``(even cos - odd sin, even sin + odd cos)``."""
         if isinstance(start, torch.Tensor):
             cos, sin = self.cos[start][:, None], self.sin[start][:, None]  # (B, 1, T, D/2)
@@ -168,13 +169,19 @@ class RotaryPositions(nn.Module):
             T = x.shape[-2]
             check_range(start, T, self.max_positions)
             cos, sin = self.cos[start : start + T], self.sin[start : start + T]  # (T, D/2)
-        if x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():  # inductor: no complex
+        if x.dtype in (torch.float32, torch.float64) and _pairs_as_complex(x) and not torch.compiler.is_compiling():
             turn = torch.complex(cos, sin).to(torch.complex128 if x.dtype == torch.float64 else torch.complex64)
             pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, H, T, D/2) complex
             return torch.view_as_real(pairs * turn).flatten(-2)  # (B, H, T, D)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (B, H, T, D)
+
+
+def _pairs_as_complex(x: torch.Tensor) -> bool:
+    """Whether ``x``'s feature pairs can be viewed as complex numbers in place (``torch.view_as_complex``):
+    unit stride in the last dim, every other stride and the storage offset even."""
+    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in x.stride()[:-1])
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

@@ -59,11 +59,18 @@ StepFn = Callable[[int, dict[str, float]], None]
 ScorerFn = Callable[[torch.nn.Module], dict[str, float]]
 
 
+#: The training step's arithmetic: a checkpoint written under another one starts a fresh run (its weights
+#: would mix two float orders). 2: ``aiayn.model.dropout``'s CPU mask and torch's fused Adam.
+STEP_ARITHMETIC = 2
+
+
 def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: str) -> str:
     """SHA-256 over everything that makes checkpoints of two runs interchangeable.
 
     Budgets (``max_steps``, ``max_epochs``, ``max_time_s``) and cadence fields are
-    excluded: extending a run's budget resumes it rather than restarting.
+    excluded: extending a run's budget resumes it rather than restarting (under ``lr_decay:
+    linear`` the decay then stretches to the new ``max_steps`` from the step reached; README).
+    ``STEP_ARITHMETIC`` is in it: a checkpoint of an older training step starts a fresh run.
     """
     budget = {"max_steps", "max_epochs", "max_time_s", "validate_every", "checkpoint_every", "keep_checkpoints",
               "average_last", "log_every", "num_threads", "device",
@@ -73,6 +80,7 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
         "model": model_cfg.model_dump(mode="json"),
         "train": {k: v for k, v in train_cfg.model_dump(mode="json").items() if k not in budget},
         "data": data_id,
+        "step_arithmetic": STEP_ARITHMETIC,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -279,6 +287,8 @@ class Trainer:
             load_full_optimizer_state(self.model, self.optimizer, state.optimizer, self.param_names)
         else:
             self.optimizer.load_state_dict(state.optimizer)
+        for group in self.optimizer.param_groups:  # a loaded group carries its writer's kernel (DDP's, FSDP's)
+            group["fused"] = self.mode != "fsdp"
         self.iterator.load_state_dict(state.iterator)
         restore_rng(state.rng)
         if self.scaler is not None and "grad_scaler" in state.extra:
