@@ -34,7 +34,7 @@ from aiayn.config import model_preset
 from aiayn.host import host_info
 from aiayn.model import Transformer
 from aiayn.model.dropout import Dropout
-from aiayn.model.positions import RotaryPositions
+from aiayn.model.positions import RotaryPositions, rotate_pairs
 from aiayn.tokenizer import load_encoded
 from aiayn.train import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 
@@ -110,10 +110,9 @@ def use_old_step(model: Transformer) -> None:
 
 
 def real_rotation(rope: RotaryPositions, x: torch.Tensor, start: int) -> torch.Tensor:
-    """RoFormer eq. 34 as it was computed before: ``(even cos - odd sin, even sin + odd cos)``."""
-    cos, sin = rope.cos[start : start + x.shape[-2]], rope.sin[start : start + x.shape[-2]]
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    """Rotary positions as they were computed before: the real form (``aiayn.model.positions.rotate_pairs``)."""
+    T = x.shape[-2]
+    return rotate_pairs(x, rope.cos[start : start + T], rope.sin[start : start + T])
 
 
 def main() -> None:

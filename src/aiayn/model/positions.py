@@ -173,9 +173,15 @@ class RotaryPositions(nn.Module):
             turn = torch.complex(cos, sin).to(torch.complex128 if x.dtype == torch.float64 else torch.complex64)
             pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (B, H, T, D/2) complex
             return torch.view_as_real(pairs * turn).flatten(-2)  # (B, H, T, D)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, D/2) each
-        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (B, H, T, D)
+        return rotate_pairs(x, cos.to(x.dtype), sin.to(x.dtype))
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoFormer eq. 34 in its real form: feature pair ``(2i, 2i + 1)`` of ``x`` ``(..., T, D)`` ->
+    ``(even cos - odd sin, even sin + odd cos)``, with ``cos``/``sin`` ``(T, D/2)`` (or broadcastable) in
+    ``x``'s dtype. Same shape as ``x``."""
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (..., T, D)
 
 
 def _pairs_as_complex(x: torch.Tensor) -> bool:

@@ -288,7 +288,7 @@ class Trainer:
         else:
             self.optimizer.load_state_dict(state.optimizer)
         for group in self.optimizer.param_groups:  # a loaded group carries its writer's kernel (DDP's, FSDP's)
-            group["fused"] = self.mode != "fsdp"
+            group["fused"] = self.optimizer.defaults["fused"]
         self.iterator.load_state_dict(state.iterator)
         restore_rng(state.rng)
         if self.scaler is not None and "grad_scaler" in state.extra:
