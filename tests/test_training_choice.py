@@ -489,3 +489,23 @@ def test_split_gap_counts_unseen_words_and_scores_the_covered_sentences(tmp_path
                                               encoding="utf-8")
     m = bench.model_rows("m", hyps, prepared, "de", covered)
     assert m["test_2016_flickr:covered"] == pytest.approx(100.0) and m["test_2016_flickr"] < 100.0
+
+
+def test_mbr_choice_picks_the_consensus_and_weights_by_the_beam_scores():
+    """benchmarks/mbr.py: with uniform weights the hypothesis closest to the others wins even when the beam ranked
+    it last; with the beam's scores as weights (temp 1) a far better-scored outlier's vote dominates."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import mbr as bench
+
+    cands = [("ein hund läuft schnell über eine grüne wiese .", -0.1),
+             ("zwei katzen schlafen auf dem sofa im haus .", -0.2),
+             ("zwei katzen schlafen auf dem sofa .", -0.3),
+             ("zwei katzen schlafen auf einem sofa im haus .", -0.4)]
+    for utility in bench.UTILITIES:
+        assert bench.mbr_choice(cands, utility, 0.0) == cands[1][0]  # the middle of the three cat sentences
+    peaked = [("ein hund läuft schnell über eine grüne wiese .", 0.0)] + [(t, s - 50.0) for t, s in cands[1:]]
+    assert bench.mbr_choice(peaked, "bleu", 1.0) == peaked[0][0]
+    assert bench.mbr_choice(peaked, "bleu", 0.0) == cands[1][0]
