@@ -21,6 +21,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
+from aiayn.config import EvalConfig
 from aiayn.corpus import read_lines
 from aiayn.decoders import DecodeOptions
 from aiayn.host import host_info
@@ -36,7 +37,7 @@ def sweep(root: Path, split: str, alphas: list[float], beam: int, norm: str, src
     cells = []
     for alpha in alphas:
         t0 = time.perf_counter()
-        options = DecodeOptions(beam_size=beam, len_penalty=alpha, max_len_a=1.0, max_len_b=50, length_norm=norm)
+        options = DecodeOptions.from_eval(EvalConfig(beam_size=beam, len_penalty=alpha, length_norm=norm))
         hyps = decode_split(translator, sources, options, "error")
         bleu = sacrebleu.corpus_bleu(hyps, [references])
         cells.append(f"{bleu.score:.2f} ({bleu.sys_len / bleu.ref_len:.3f})")

@@ -28,6 +28,7 @@ import sacrebleu
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
+from aiayn.config import EvalConfig
 from aiayn.corpus import read_lines
 from aiayn.decoders import DecodeOptions
 from aiayn.host import host_info
@@ -39,7 +40,7 @@ UTILITIES = ("bleu", "chrf", "mean")
 def nbest(root: Path, split: str, beam: int, alpha: float, src: str) -> list[list[tuple[str, float]]]:
     """The ``beam``-best ``(text, length-normalised score)`` list of every sentence of ``split``, best first."""
     translator = Translator.from_dir(root / "artifacts" / "model", device="cpu")
-    options = DecodeOptions(beam_size=beam, len_penalty=alpha, max_len_a=1.0, max_len_b=50, length_norm="gnmt")
+    options = DecodeOptions.from_eval(EvalConfig(beam_size=beam, len_penalty=alpha, length_norm="gnmt"))
     t0 = time.perf_counter()
     prepared = translator.prepare(read_lines(root / "artifacts" / "prepared" / f"{split}.{src}"), options)
     out = [[(line.text, line.score) for line in lines]
@@ -48,33 +49,48 @@ def nbest(root: Path, split: str, beam: int, alpha: float, src: str) -> list[lis
     return out
 
 
-def mbr_choice(cands: list[tuple[str, float]], utility: str, temp: float) -> str:
-    """The hypothesis of ``cands`` with the highest expected ``utility`` against the others (module docstring)."""
+def utilities(texts: list[str]) -> dict[str, list[list[float]]]:
+    """Per utility (``UTILITIES``), the matrix ``u[i][j] = utility(texts[i], texts[j])`` (``texts[j]`` the
+    pseudo-reference; 100 where the two are the same text). Each sentence score is computed once."""
     bleu, chrf = BLEU(effective_order=True), CHRF()
+    same = [[h == r for r in texts] for h in texts]
+    b = [[100.0 if same[i][j] else bleu.sentence_score(h, [r]).score for j, r in enumerate(texts)]
+         for i, h in enumerate(texts)]
+    c = [[100.0 if same[i][j] else chrf.sentence_score(h, [r]).score for j, r in enumerate(texts)]
+         for i, h in enumerate(texts)]
+    return {"bleu": b, "chrf": c, "mean": [[(x + y) / 2 for x, y in zip(rb, rc)] for rb, rc in zip(b, c)]}
 
-    def u(h: str, r: str) -> float:
-        if h == r:
-            return 100.0
-        b = bleu.sentence_score(h, [r]).score if utility in ("bleu", "mean") else 0.0
-        c = chrf.sentence_score(h, [r]).score if utility in ("chrf", "mean") else 0.0
-        return (b + c) / 2 if utility == "mean" else b + c
 
-    top = max(s for _, s in cands)
-    weights = [math.exp((s - top) / temp) if temp else 1.0 for _, s in cands]
-    expected = [sum(w * u(h, r) for (r, _), w in zip(cands, weights)) for h, _ in cands]
-    return cands[max(range(len(cands)), key=expected.__getitem__)][0]
+def choose(scores: list[float], u: list[list[float]], temp: float) -> int:
+    """Index of the hypothesis with the highest expected utility ``sum_r w(r) u[h][r]`` over the first
+    ``len(scores)`` hypotheses, ``w`` uniform (``temp`` 0) or the softmax of ``scores / temp``."""
+    top = max(scores)
+    weights = [math.exp((s - top) / temp) if temp else 1.0 for s in scores]
+    k = len(scores)
+    expected = [sum(w * u[h][r] for r, w in enumerate(weights)) for h in range(k)]
+    return max(range(k), key=expected.__getitem__)
+
+
+def mbr_choice(cands: list[tuple[str, float]], utility: str, temp: float) -> str:
+    """The hypothesis of ``cands`` (``(text, score)``) with the highest expected ``utility`` against the others
+    (module docstring)."""
+    texts = [t for t, _ in cands]
+    return texts[choose([s for _, s in cands], utilities(texts)[utility], temp)]
 
 
 def rows(lists: list[list[tuple[str, float]]], refs: list[str], ks: list[int]) -> dict[str, str]:
-    """``"BLEU / chrF"`` of the beam's top hypothesis and of every (K, utility, temp) MBR choice."""
+    """``"BLEU / chrF"`` of the beam's top hypothesis and of every (K, utility, temp) MBR choice. The utility
+    matrices of each sentence's n-best are computed once; K takes their top-left K x K block."""
     def cell(hyps: list[str]) -> str:
         return f"{sacrebleu.corpus_bleu(hyps, [refs]).score:.2f} / {sacrebleu.corpus_chrf(hyps, [refs]).score:.2f}"
 
+    matrices = [utilities([t for t, _ in c[:max(ks)]]) for c in lists]
     out = {"top1": cell([c[0][0] for c in lists])}
     for k in ks:
         for utility in UTILITIES:
             for temp in (0.0, 1.0):
-                out[f"K {k}, {utility}, temp {temp:g}"] = cell([mbr_choice(c[:k], utility, temp) for c in lists])
+                out[f"K {k}, {utility}, temp {temp:g}"] = cell(
+                    [c[choose([s for _, s in c[:k]], m[utility], temp)][0] for c, m in zip(lists, matrices)])
     return out
 
 

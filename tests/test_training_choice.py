@@ -492,8 +492,8 @@ def test_split_gap_counts_unseen_words_and_scores_the_covered_sentences(tmp_path
 
 
 def test_mbr_choice_picks_the_consensus_and_weights_by_the_beam_scores():
-    """benchmarks/mbr.py: with uniform weights the hypothesis closest to the others wins even when the beam ranked
-    it last; with the beam's scores as weights (temp 1) a far better-scored outlier's vote dominates."""
+    """benchmarks/mbr.py: with uniform weights the hypothesis closest to the others wins though the beam ranked
+    another first; with the beam's scores as weights (temp 1) a far better-scored outlier's vote dominates."""
     import sys
     from pathlib import Path
 
