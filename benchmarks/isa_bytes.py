@@ -1,9 +1,10 @@
 """Do PyTorch's CPU kernels change a training run's bytes on this host? One row per kernel set.
 
-    python benchmarks/isa_bytes.py [--steps 10] [--rounds 2]
+    python benchmarks/isa_bytes.py [--steps 10] [--rounds 2] [--optimizer adam|muon]
 
 Trains a small Transformer (``aiayn.model``: d_model 128, 4 heads, 2+2 layers, dropout 0.1) for
-``--steps`` Adam updates on seeded random tokens, 2 threads, in a fresh process per row and round,
+``--steps`` updates of ``--optimizer`` (``aiayn.train.optim``: the paper's Adam, or Muon for the layers'
+matrices) on seeded random tokens, 2 threads, in a fresh process per row and round,
 with ``ATEN_CPU_CAPABILITY`` unset (PyTorch's own choice for this CPU), ``avx2`` and, where the CPU
 has AVX-512, ``avx512``. Prints the kernels each process ran, the last loss, the sha256 of the weights
 (first 16 hex digits) and the seconds of the training loop (median over rounds, min-max). Rows that share a hash compute the same bytes; rounds
@@ -22,12 +23,17 @@ import sys
 _TRAIN = r"""
 import hashlib, sys, time, torch
 from aiayn.config import ModelConfig
+from aiayn.config import TrainConfig
 from aiayn.model.transformer import Transformer
+from aiayn.train.optim import build_optimizer
 steps = int(sys.argv[1])
 torch.set_num_threads(2)
 torch.manual_seed(0)
 model = Transformer(ModelConfig(vocab_size=1000, d_model=128, n_heads=4, d_ff=256, n_layers=2, dropout=0.1))
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+if sys.argv[2] == "adam":
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+else:
+    opt = build_optimizer(model, TrainConfig(optimizer=sys.argv[2]), lr=1e-3, fused=True)
 g = torch.Generator().manual_seed(1)
 t0 = time.perf_counter()
 for _ in range(steps):
@@ -45,7 +51,8 @@ print(torch.backends.cpu.get_cpu_capability(), f"{loss.item():.7f}", digest[:16]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10, help="Adam updates per run (default 10)")
+    ap.add_argument("--steps", type=int, default=10, help="updates per run (default 10)")
+    ap.add_argument("--optimizer", choices=["adam", "muon"], default="adam", help="train.optimizer (default adam)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each row, alternating (default 2)")
     args = ap.parse_args()
     from aiayn.host import host_info
@@ -58,10 +65,10 @@ def main() -> int:
             env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
             if row:
                 env["ATEN_CPU_CAPABILITY"] = row
-            out = subprocess.run([sys.executable, "-c", _TRAIN, str(args.steps)], env=env, capture_output=True,
+            out = subprocess.run([sys.executable, "-c", _TRAIN, str(args.steps), args.optimizer], env=env, capture_output=True,
                                  text=True, check=True).stdout.split()
             results[row].append((out[-4], out[-3], out[-2], float(out[-1])))
-    print(f"{args.steps} Adam steps, 2 threads, seeded; one fresh process per run\n")
+    print(f"{args.steps} {args.optimizer} steps, 2 threads, seeded; one fresh process per run\n")
     print("| ATEN_CPU_CAPABILITY | kernels run | last loss | sha256 of the weights | runs agree | training s (median, min-max) |")
     print("|---|---|---:|---|---|---:|")
     for row, runs in results.items():

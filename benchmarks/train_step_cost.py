@@ -6,13 +6,19 @@ default ``--tokenized``), ``chunk=N`` (the fused loss with ``loss_chunk_tokens``
 logits path), ``compile=1`` (``torch.compile(model.forward, dynamic=True)``, as ``train.compile`` does; its
 compilation happens in the warm-up, outside the timing, and is printed), ``old=1`` (the step before the cheaper
 CPU step of docs/benchmarks.md: ``torch.nn.Dropout``, rotary positions in their real form, Adam's per-tensor loop;
-otherwise the trainer's: ``aiayn.model.dropout``, one complex multiply, ``fused=True``), and any ``ModelConfig``
+otherwise the trainer's: ``aiayn.model.dropout``, one complex multiply, ``fused=True``), ``optimizer=muon`` (the
+trainer's ``train.optimizer: muon``, ``aiayn.train.optim``; default ``adam``), and any ``ModelConfig``
 field of the ``tiny`` preset (``norm=pre``, ``d_model=128``, ...).
 Each round runs every variant over ~30k target tokens of its own Multi30k batches; the table gives medians
 and min-max. The issue-25 table of docs/benchmarks.md ("The main job re-tuned for the slowest host"):
 
     python benchmarks/train_step_cost.py --rounds 5 old:2048:tok=OLD8K/artifacts/tokenized \\
         new_plain:2048:norm=pre new_fused:2048:norm=pre:chunk=512
+
+Muon against Adam (the main job's model, like with like):
+
+    python benchmarks/train_step_cost.py --rounds 7 adam:2048:norm=pre:chunk=512:positions=rope:dropout=0.05 \\
+        muon:2048:norm=pre:chunk=512:positions=rope:dropout=0.05:optimizer=muon
 
 The cheaper CPU step (the main job's model, like with like):
 
@@ -30,13 +36,14 @@ from pathlib import Path
 import torch
 
 from aiayn.batching import collate, make_batches
-from aiayn.config import model_preset
+from aiayn.config import TrainConfig, model_preset
 from aiayn.host import host_info
 from aiayn.model import Transformer
 from aiayn.model.dropout import Dropout
 from aiayn.model.positions import RotaryPositions, rotate_pairs
 from aiayn.tokenizer import load_encoded
 from aiayn.train import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
+from aiayn.train.optim import build_optimizer
 
 TOKENS_PER_ROUND = 30_000
 
@@ -61,7 +68,7 @@ def steps(model: Transformer, batches: list, opt: torch.optim.Optimizer, chunk: 
 
 def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch.optim.Optimizer, int]:
     name, max_tokens, *fields = spec.split(":")
-    tok, chunk, compiled, old, overrides = default_tok, 0, False, False, {}
+    tok, chunk, compiled, old, optimizer, overrides = default_tok, 0, False, False, "adam", {}
     preset = model_preset("tiny")
     for kv in fields:
         key, value = kv.split("=", 1)
@@ -73,6 +80,8 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
             compiled = bool(int(value))
         elif key == "old":
             old = bool(int(value))
+        elif key == "optimizer":
+            optimizer = value
         else:
             current = getattr(preset, key)
             overrides[key] = value if isinstance(current, str) else type(current)(value)
@@ -88,7 +97,7 @@ def variant(spec: str, default_tok: Path) -> tuple[str, Transformer, list, torch
     model = Transformer(model_preset("tiny", vocab_size=vocab, attention_backend="sdpa", **overrides))
     if old:
         use_old_step(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=not old)
+    opt = build_optimizer(model, TrainConfig(optimizer=optimizer), lr=1e-4, fused=not old)
     if compiled:
         model.forward = torch.compile(model.forward, dynamic=True)  # what Trainer does with train.compile
     t0 = time.perf_counter()

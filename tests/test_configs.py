@@ -59,12 +59,13 @@ def _deviation_rows() -> dict[str, str]:
 
 # The paper's value of each training and decoding setting the main job may change, and the deviation row that
 # must name the main job's value when it does (Vaswani et al. 2017: Sec. 5.3 warmup and eq. 3's inverse square
-# root, 5.4 label smoothing, 6.1 alpha; 3.5k-37k vocabularies in Sec. 5.1). Model fields are compared with the preset.
+# root, 5.3 Adam, 5.4 label smoothing, 6.1 alpha; 3.5k-37k vocabularies in Sec. 5.1). Model fields are compared with the preset.
 PAPER_SETTINGS = {
     ("train", "label_smoothing"): (0.1, "label smoothing"),
     ("train", "warmup_steps"): (4000, "warmup_steps"),
     ("train", "lr_decay"): ("inverse_sqrt", "lr after warmup"),
     ("train", "lr_scale"): (1.0, "lr_scale"),
+    ("train", "optimizer"): ("adam", "optimizer"),
     ("train", "clip_norm"): (None, "gradient clipping"),
     ("evaluate", "len_penalty"): (0.6, "length penalty"),
     ("tokenize", "vocab_size"): (37000, "BPE vocabulary"),

@@ -374,6 +374,10 @@ class TrainConfig(_Strict):
         "inverse_sqrt", description="After warmup: inverse_sqrt (paper eq. 3) or linear (to 0 after max_steps, "
                                     "aiayn.train.schedule.learning_rate; a short budget ends annealed).")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls, paper Section 5.4.")
+    optimizer: Literal["adam", "muon"] = Field(
+        "adam", description="adam: the paper's (Section 5.3). muon: Muon for the layers' weight matrices, lr matched to "
+                            "AdamW's update RMS, Adam for the rest (aiayn.train.optim).")
+    muon_momentum: float = Field(0.95, gt=0.0, lt=1.0, description="Muon's (Nesterov) momentum.")
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -426,6 +430,9 @@ class TrainConfig(_Strict):
         if self.grad_accum % self.nproc_per_node:
             raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
                              f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")
+        if self.optimizer == "muon" and (self.distributed == "fsdp" or self.precision == "fp16"):
+            raise ValueError("train.optimizer=muon orthogonalises whole weight matrices in fp32/bf16: it needs "
+                             "train.distributed none or ddp and train.precision fp32 or bf16")
         return self
 
 
