@@ -45,7 +45,16 @@ class MuonWithAdam:
         self.adam.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        self.muon.step()
+        """Muon's step on one CPU thread, then Adam's. Newton-Schulz is ~15 products of 256-512-wide matrices per
+        weight, one after another: with the stages' ``OMP_WAIT_POLICY=PASSIVE`` a second thread sleeps and is woken
+        for each, and the step cost 0.74x Adam's tokens/s on 2 threads against 0.9x on one (docs/benchmarks.md,
+        "Muon"). One thread also makes its sums the same whatever ``train.num_threads`` is."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self.muon.step()
+        finally:
+            torch.set_num_threads(threads)
         self.adam.step()
 
     def state_dict(self) -> dict[str, Any]:
