@@ -22,8 +22,7 @@ import sys
 
 _TRAIN = r"""
 import hashlib, sys, time, torch
-from aiayn.config import ModelConfig
-from aiayn.config import TrainConfig
+from aiayn.config import ModelConfig, TrainConfig
 from aiayn.model.transformer import Transformer
 from aiayn.train.optim import build_optimizer
 steps = int(sys.argv[1])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -10,7 +14,7 @@ from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.config import TrainConfig, model_preset
 from aiayn.model import Transformer
 from aiayn.train import train
-from aiayn.train.optim import MuonWithAdam, build_optimizer, muon_parameter
+from aiayn.train.optim import NS_COEFFICIENTS, FP32Muon, MuonWithAdam, build_optimizer, muon_parameter
 from aiayn.train.trainer import config_fingerprint
 from test_train import MODEL, assert_bitwise_equal, cfg, synthetic_split, weights
 
@@ -96,3 +100,87 @@ def test_a_muon_state_refuses_adams_state():
 def test_muon_refuses_fsdp_and_fp16(field):
     with pytest.raises(ValidationError, match="optimizer=muon"):
         TrainConfig(optimizer="muon", **field)
+
+
+def _reference_muon_update(grad: torch.Tensor, buf: torch.Tensor, momentum: float, lr: float) -> torch.Tensor:
+    """torch.optim.Muon's update of one matrix (Nesterov momentum, Newton-Schulz, ``match_rms_adamw``) in float64:
+    what ``FP32Muon`` computes in fp32 and ``torch.optim.Muon`` in bf16."""
+    a, b, c = NS_COEFFICIENTS
+    buf = buf.double().lerp(grad.double(), 1 - momentum)
+    x = grad.double().lerp(buf, momentum)
+    tall = x.size(0) > x.size(1)
+    x = x.T if tall else x
+    x = x / x.norm()
+    for _ in range(5):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return -lr * 0.2 * max(grad.shape) ** 0.5 * (x.T if tall else x)
+
+
+def test_fp32_muon_is_torchs_muon_in_fp32_and_batched():
+    """Every matrix's step is the float64 reference's to fp32 precision (torch.optim.Muon's bf16 step is ~1e-2
+    away), and the momentum buffer is kept as torch.optim.Muon keeps it."""
+    torch.manual_seed(0)
+    shapes = [(64, 32), (32, 64), (32, 32), (32, 32), (48, 32)]  # tall, wide, a batch of two, a shape of its own
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    ours = FP32Muon(params, lr=0.01, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    theirs = torch.optim.Muon(ref_params, lr=0.01, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+    bufs = [torch.zeros(s, dtype=torch.float64) for s in shapes]
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        before = [p.detach().double().clone() for p in params]
+        for p, q, g in zip(params, ref_params, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+        for p, q, g, buf, b0 in zip(params, ref_params, grads, bufs, before):
+            want = _reference_muon_update(g, buf, 0.95, 0.01)
+            buf.lerp_(g.double(), 0.05)
+            scale = want.norm()
+            assert (p.detach().double() - b0 - want).norm() < 1e-4 * scale  # the parameters are fp32
+            assert 1e-3 * scale < (q.detach().double() - b0 - want).norm() < 5e-2 * scale  # bf16's distance
+            assert torch.allclose(ours.state[p]["momentum_buffer"].double(), buf, atol=1e-6)
+
+
+def test_muons_step_is_the_same_bytes_on_one_thread_and_two():
+    torch.manual_seed(0)
+    model = Transformer(MODEL.model_copy(update={"n_layers": 2}))
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    threads, results = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(start[name])
+            opt = build_optimizer(model, cfg(optimizer="muon"), lr=1e-3, fused=True)
+            for _ in range(2):
+                for p, g in zip(model.parameters(), grads):
+                    p.grad = g.clone()
+                opt.step()
+            results.append(weights(model))
+    finally:
+        torch.set_num_threads(threads)
+    assert_bitwise_equal(results[0], results[1])
+
+
+_ONEDNN_PROBE = """
+import hashlib, torch
+from aiayn.train.optim import orthogonalize
+g = torch.Generator().manual_seed(0)
+out = orthogonalize([torch.randn(s, generator=g) for s in [(256, 256)] * 4 + [(1024, 256)] * 2])
+print(hashlib.sha256(b"".join(o.contiguous().numpy().tobytes() for o in out)).hexdigest())
+"""
+
+
+def test_newton_schulz_does_not_depend_on_onednns_instruction_set():
+    """bf16 products go to oneDNN, whose AMX, AVX-512 BF16 and AVX-512 kernels round differently
+    (torch.optim.Muon's bf16 gave three results on an AMX Xeon); the fp32 ones do not go there."""
+    digests = set()
+    for isa in ("", "AVX512_CORE", "AVX2"):
+        env = os.environ | {"ONEDNN_MAX_CPU_ISA": isa}
+        out = subprocess.run([sys.executable, "-c", _ONEDNN_PROBE], env=env, capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1, digests

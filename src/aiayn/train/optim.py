@@ -2,26 +2,97 @@
 
 ``adam``: Adam with ``train.adam_betas`` / ``adam_eps`` (paper Section 5.3) over every parameter.
 
-``muon``: Muon (K. Jordan et al. 2024, "Muon: an optimizer for hidden layers in neural networks";
-``torch.optim.Muon``): momentum SGD whose update for a 2-D weight is orthogonalised by 5 Newton-Schulz
-iterations, its learning rate matched to AdamW's update RMS (J. Liu et al. 2025, "Muon is Scalable for LLM
-Training", Section 2.2: ``lr * 0.2 * sqrt(max(rows, cols))``, ``adjust_lr_fn="match_rms_adamw"``), so the
-same schedule drives both. It takes the encoder's and decoder's 2-D weight matrices (attention projections,
-feed-forward); the (tied) embeddings, biases and norms stay with Adam, as in both papers.
+``muon``: Muon (K. Jordan et al. 2024, "Muon: an optimizer for hidden layers in neural networks"):
+momentum SGD whose update for a 2-D weight is orthogonalised by 5 Newton-Schulz iterations, its learning
+rate matched to AdamW's update RMS (J. Liu et al. 2025, "Muon is Scalable for LLM Training", Section 2.2:
+``lr * 0.2 * sqrt(max(rows, cols))``), so the same schedule drives both. It takes the encoder's and
+decoder's 2-D weight matrices (attention projections, feed-forward); the (tied) embeddings, biases and
+norms stay with Adam, as in both papers.
+
+``FP32Muon`` is ``torch.optim.Muon`` (same hyperparameters, ``param_groups`` and ``momentum_buffer`` state)
+with its Newton-Schulz products in fp32 and batched per shape. ``torch.optim.Muon`` runs them in bf16, which
+on a CPU goes to oneDNN's kernel for the ISA at hand: AMX, AVX-512 BF16 and plain AVX-512 give three different
+results (three different trained models), and without AMX it costs 4-12x more (docs/benchmarks.md, "Muon in
+fp32"). fp32 products go through MKL like the rest of the step, which the stages hold to one kernel
+(``MKL_CBWR``, aiayn.settings), so a Muon run trains the same bytes on every host an Adam one does.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-__all__ = ["MuonWithAdam", "build_optimizer", "muon_parameter"]
+__all__ = ["FP32Muon", "MuonWithAdam", "build_optimizer", "muon_parameter", "orthogonalize"]
+
+#: Newton-Schulz's quintic (a, b, c), Jordan et al. 2024 (``torch.optim.Muon``'s defaults).
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 def muon_parameter(name: str, param: torch.Tensor) -> bool:
     """True for the parameters Muon updates: 2-D weights inside the layers (not embeddings or the output layer)."""
-    return param.ndim == 2 and "embed" not in name and "layers." in name
+    return param.ndim == 2 and "layers." in name
+
+
+def orthogonalize(updates: list[torch.Tensor], *, steps: int = 5, eps: float = 1e-7,
+                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS) -> list[torch.Tensor]:
+    """Newton-Schulz's approximate ``U V^T`` of each ``(rows, cols)`` matrix in ``updates`` (Jordan et al. 2024,
+    Muon), in fp32: each is scaled to Frobenius norm 1, then ``X <- a X + (b A + c A^2) X`` with ``A = X X^T``,
+    ``steps`` times, on the wide orientation (a tall matrix is transposed and back). Matrices of one shape go
+    through ``torch.bmm`` together, which spreads them over the threads one matrix each (so the result does not
+    depend on the thread count). Returns new fp32 tensors, the inputs' shapes, in their order."""
+    a, b, c = coefficients
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, u in enumerate(updates):
+        groups.setdefault((min(u.shape), max(u.shape)), []).append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(updates)
+    for indices in groups.values():
+        x = torch.stack([updates[i].float() if updates[i].size(0) <= updates[i].size(1) else updates[i].float().T
+                         for i in indices])  # (n, rows <= cols)
+        x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = torch.bmm(x, x.mT)  # (n, rows, rows)
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        for i, xi in zip(indices, x):
+            out[i] = xi if updates[i].size(0) <= updates[i].size(1) else xi.T
+    return out
+
+
+class FP32Muon(torch.optim.Muon):
+    """``torch.optim.Muon`` with its Newton-Schulz products in fp32, batched per shape (module doc): the same
+    momentum (``lerp``, Nesterov by default), weight decay and lr adjustment (``adjust_lr_fn``: ``"original"``,
+    ``sqrt(max(1, rows/cols))``; ``"match_rms_adamw"``, ``0.2 sqrt(max(rows, cols))``), the same state."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
+            params = [p for p in group["params"] if p.grad is not None]
+            updates = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"].lerp_(p.grad, 1 - momentum)
+                updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+            for p, o in zip(params, orthogonalize(updates, steps=group["ns_steps"], eps=group["eps"],
+                                                  coefficients=group["ns_coefficients"])):
+                p.mul_(1 - lr * decay)
+                p.add_(o, alpha=-lr * _lr_ratio(group["adjust_lr_fn"], p.shape))
+        return loss
+
+
+def _lr_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """Muon's per-matrix lr factor, as ``torch.optim.Muon`` computes it."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return math.sqrt(max(1, rows / cols))
 
 
 class MuonWithAdam:
@@ -45,16 +116,8 @@ class MuonWithAdam:
         self.adam.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        """Muon's step on one CPU thread, then Adam's. Newton-Schulz is ~15 products of 256-512-wide matrices per
-        weight, one after another: with the stages' ``OMP_WAIT_POLICY=PASSIVE`` a second thread sleeps and is woken
-        for each, and the step cost 0.74x Adam's tokens/s on 2 threads against 0.9x on one (docs/benchmarks.md,
-        "Muon"). One thread also makes its sums the same whatever ``train.num_threads`` is."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            self.muon.step()
-        finally:
-            torch.set_num_threads(threads)
+        """Muon's step, then Adam's."""
+        self.muon.step()
         self.adam.step()
 
     def state_dict(self) -> dict[str, Any]:
@@ -98,6 +161,6 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, *, lr: float, fused: bool)
     if not matrices:
         raise ValueError("train.optimizer muon: the model has no 2-D layer weights")
     rest = [p for n, p in named if not muon_parameter(n, p)]
-    muon = torch.optim.Muon(matrices, lr=lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
-                            adjust_lr_fn="match_rms_adamw")
+    muon = FP32Muon(matrices, lr=lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                    adjust_lr_fn="match_rms_adamw")
     return MuonWithAdam(muon, torch.optim.Adam(rest, **adam_kw))

@@ -63,6 +63,9 @@ ScorerFn = Callable[[torch.nn.Module], dict[str, float]]
 #: The training step's arithmetic: a checkpoint written under another one starts a fresh run (its weights
 #: would mix two float orders). 2: ``aiayn.model.dropout``'s CPU mask and torch's fused Adam.
 STEP_ARITHMETIC = 2
+#: Muon's Newton-Schulz arithmetic (a Muon checkpoint of another one starts a fresh run). 2: fp32, batched per
+#: shape (``aiayn.train.optim.FP32Muon``; 1 was ``torch.optim.Muon``'s bf16).
+MUON_ARITHMETIC = 2
 
 
 def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: str) -> str:
@@ -71,7 +74,8 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
     Budgets (``max_steps``, ``max_epochs``, ``max_time_s``) and cadence fields are
     excluded: extending a run's budget resumes it rather than restarting (under ``lr_decay:
     linear`` the decay then stretches to the new ``max_steps`` from the step reached; README).
-    ``STEP_ARITHMETIC`` is in it: a checkpoint of an older training step starts a fresh run.
+    ``STEP_ARITHMETIC`` (and, for Muon, ``MUON_ARITHMETIC``) is in it: a checkpoint of an older training step
+    starts a fresh run.
     """
     budget = {"max_steps", "max_epochs", "max_time_s", "validate_every", "checkpoint_every", "keep_checkpoints",
               "average_last", "log_every", "num_threads", "device",
@@ -85,6 +89,8 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
         "data": data_id,
         "step_arithmetic": STEP_ARITHMETIC,
     }
+    if train_cfg.optimizer == "muon":
+        payload["muon_arithmetic"] = MUON_ARITHMETIC
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
