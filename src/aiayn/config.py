@@ -431,7 +431,7 @@ class TrainConfig(_Strict):
             raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
                              f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")
         if self.optimizer == "muon" and (self.distributed == "fsdp" or self.precision == "fp16"):
-            raise ValueError("train.optimizer=muon orthogonalises whole weight matrices in fp32/bf16: it needs "
+            raise ValueError("train.optimizer=muon orthogonalises whole weight matrices, in fp32: it needs "
                              "train.distributed none or ddp and train.precision fp32 or bf16")
         return self
 

@@ -40,8 +40,9 @@ def orthogonalize(updates: list[torch.Tensor], *, steps: int = 5, eps: float = 1
     """Newton-Schulz's approximate ``U V^T`` of each ``(rows, cols)`` matrix in ``updates`` (Jordan et al. 2024,
     Muon), in fp32: each is scaled to Frobenius norm 1, then ``X <- a X + (b A + c A^2) X`` with ``A = X X^T``,
     ``steps`` times, on the wide orientation (a tall matrix is transposed and back). Matrices of one shape go
-    through ``torch.bmm`` together, which spreads them over the threads one matrix each (so the result does not
-    depend on the thread count). Returns new fp32 tensors, the inputs' shapes, in their order."""
+    through ``torch.bmm`` together, which on a CPU hands each thread whole matrices: the main job's model (6 or
+    more matrices a shape) gets the same bytes on 1 and 2 threads (measured), while a matrix alone is split over
+    the threads and its sums change with their number. Returns new fp32 tensors, the inputs' shapes, in order."""
     a, b, c = coefficients
     groups: dict[tuple[int, int], list[int]] = {}
     for i, u in enumerate(updates):
