@@ -31,19 +31,18 @@ from pathlib import Path
 from aiayn.host import host_info
 
 _NS = r"""
-import hashlib, os, statistics, sys, time, torch
+import hashlib, statistics, sys, time, torch
+from aiayn.train.optim import NS_COEFFICIENTS, orthogonalize
 torch.set_num_threads(int(sys.argv[1]))
 kind, rounds = sys.argv[2], int(sys.argv[3])
 g = torch.Generator().manual_seed(0)
 mats = [torch.randn(s, generator=g) for s in [(256, 256)] * 36 + [(1024, 256)] * 6 + [(256, 1024)] * 6]
 if kind == "bf16":
     from torch.optim._muon import _zeropower_via_newtonschulz as z
-    run = lambda: [z(m, (3.4445, -4.7750, 2.0315), 5, 1e-7).float() for m in mats]
+    run = lambda: [z(m, NS_COEFFICIENTS, 5, 1e-7).float() for m in mats]
 elif kind == "fp32-batched":
-    from aiayn.train.optim import orthogonalize
     run = lambda: orthogonalize(mats)
 else:
-    from aiayn.train.optim import orthogonalize
     run = lambda: [orthogonalize([m])[0] for m in mats]
 digest = hashlib.sha256(b"".join(o.contiguous().numpy().tobytes() for o in run())).hexdigest()[:12]
 times = []
