@@ -46,7 +46,7 @@ RUN set -eux; \
 
 # The project, .git included (DVC needs the git repository; see .dockerignore).
 COPY --chown=aiayn:aiayn . /app
-# Editable: the worker's `dvc repro` runs `python -m pipelines.stage ...` in /app, on this same code.
+# Editable: the worker's `dvc repro` runs `python -m pipelines.run_stage ...` in /app, on this same code.
 # The folders that docker-compose.yml mounts named volumes on are created here, owned by aiayn, so
 # Docker initialises each new (empty) volume with that owner and the non-root user can write it.
 RUN set -eux; \

@@ -56,7 +56,7 @@ system-deps:
 ## BLEU/chrF per test set, sacreBLEU signatures, MLflow run, data version; every metric: `dvc metrics show`).
 ## PARAMS=configs/wmt14_base.yaml: that config is copied over params.yaml first (`git diff` shows it).
 run: install
-	$(if $(PARAMS),cp $(PARAMS) params.yaml && python -m aiayn.cli check &&) python -m pipelines.pipeline
+	$(if $(PARAMS),cp $(PARAMS) params.yaml && python -m aiayn.cli.main check &&) python -m pipelines.pipeline
 
 ## Every CPU tier: unit, slow (whole smoke pipelines) and services (a real Prefect server). CI runs this.
 ## Two processes (tests/conftest.py groups them: a module per process, the services tier together);

@@ -8,7 +8,7 @@ or 20) helps or hurts against the final or the best single checkpoint. For each 
 the validation split with ``select.metric``) but with ``guard: warn``, so each method's own choice is
 measured, then decodes every test split with the ``evaluate`` parameters (beam, length rules) and scores
 it with sacreBLEU and, when ``evaluate.moses_bleu``, fairseq's lowercased-tokenized convention
-(``aiayn.moses_bleu``). Run it in the project that trained (its ``artifacts/checkpoints``,
+(``aiayn.evaluation.moses_bleu``). Run it in the project that trained (its ``artifacts/checkpoints``,
 ``artifacts/tokenized``, ``artifacts/prepared`` and ``artifacts/model``):
 
     python benchmarks/checkpoint_choice.py --root . --params configs/multi30k_wu2021.yaml \\
@@ -29,11 +29,11 @@ import torch
 def _test_scores(root: Path, params, weights: dict[str, torch.Tensor], splits: list[str]) -> dict[str, dict]:
     """Decode and score ``splits`` with ``weights`` in the trained model's folder, as the evaluate stage does."""
     from aiayn.checkpoint import save_model
-    from aiayn.corpus import read_lines
-    from aiayn.decoders import DecodeOptions
+    from aiayn.data.readers import read_lines
+    from aiayn.inference.runtimes import DecodeOptions
     from aiayn.stages import Layout
     from aiayn.stages.evaluate import decode_split, score_split
-    from aiayn.translate import Translator
+    from aiayn.inference.translator import Translator
 
     layout, d, e = Layout(root), params.data, params.evaluate
     options = DecodeOptions.from_eval(e)
@@ -60,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.host import host_info
     from aiayn.model import Transformer
     from aiayn.stages import Layout

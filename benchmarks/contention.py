@@ -23,8 +23,8 @@ STEP_RATE = r'''
 import sys, torch
 sys.path.insert(0, sys.argv[2])
 from train_throughput import run_steps
-from aiayn.batching import collate, make_batches
-from aiayn.config import model_preset
+from aiayn.data.batching import collate, make_batches
+from aiayn.config.schema import model_preset
 from aiayn.model import Transformer
 from aiayn.tokenizer import load_encoded
 steps = int(sys.argv[1]); torch.set_num_threads(2)

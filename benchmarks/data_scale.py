@@ -65,7 +65,7 @@ _CHILD = r'''
 import json, resource, sys, time
 from pathlib import Path
 stage, root, params_path, threads = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-from aiayn.config import load_params
+from aiayn.config.schema import load_params
 from aiayn.stages import Layout
 params, layout = load_params(params_path), Layout(root)
 extra = {}
@@ -102,7 +102,7 @@ elif stage == "spm_encode":
             tokens += sum(map(len, sp.encode(side[i:i + 500_000], out_type=int, num_threads=threads)))
     extra = {"tokens": tokens}
 elif stage == "batches":
-    from aiayn.batching import make_batches
+    from aiayn.data.batching import make_batches
     from aiayn.tokenizer import load_encoded
     t0 = time.perf_counter()
     enc = load_encoded(root / "spm", "train")

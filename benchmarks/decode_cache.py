@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from aiayn.corpus import read_lines
-from aiayn.decoders import DecodeOptions
-from aiayn.translate import Translator
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import DecodeOptions
+from aiayn.inference.translator import Translator
 
 
 def run(translator: Translator, sources: list, *, beam_size: int, use_cache: bool, max_tokens: int) -> tuple[float, list]:

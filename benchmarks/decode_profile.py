@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
-    from aiayn.decoders import CT2Decoder, DecodeOptions
-    from aiayn.translate import Translator
+    from aiayn.inference.runtimes import CT2Decoder, DecodeOptions
+    from aiayn.inference.translator import Translator
 
     torch.set_num_threads(args.threads)
     tr = Translator.from_dir(args.model_dir, device="cpu")

@@ -33,8 +33,8 @@ def worker(args: argparse.Namespace) -> int:
     """One rank (or the single process): train ``--steps`` updates, rank 0 prints the tokens/s as JSON."""
     import torch
 
-    from aiayn.config import load_params
-    from aiayn.distributed import init_process_group, world_from_env
+    from aiayn.config.schema import load_params
+    from aiayn.train.distributed import init_process_group, world_from_env
     from aiayn.tokenizer import Tokenizer, load_encoded
     from aiayn.train import train
 

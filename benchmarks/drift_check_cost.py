@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.root).resolve()
     sys.path[:0] = [str(root), str(root / "tests")]  # the project's packages; tests/support (drift inputs)
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from support.drift_inputs import read_split
 
     params = load_params(root / "params.yaml")

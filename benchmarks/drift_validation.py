@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]  # tests/support
 
-from aiayn.config import load_params  # noqa: E402
+from aiayn.config.schema import load_params  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    from aiayn.translate import Translator
+    from aiayn.inference.translator import Translator
     from monitoring.drift import check, load_reference
     from monitoring.reference import reference_dir
 

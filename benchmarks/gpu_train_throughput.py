@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 import numpy as np
 import torch
 
-from aiayn.config import TrainConfig, model_preset
+from aiayn.config.schema import TrainConfig, model_preset
 from aiayn.tokenizer import EncodedSplit
 from aiayn.train import train
 

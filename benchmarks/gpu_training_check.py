@@ -41,7 +41,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig, model_preset
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, ModelConfig, model_preset
 
 VOCAB_SIZE = 1000
 BATCH_SENTENCES = 64

@@ -8,13 +8,13 @@ Usage::
         [--lines N] [--beam-size 4] [--len-penalty 0.6] [--max-len-a 1.0] [--max-len-b 50] [--out FILE.md]
 
 The split is read whole (``<split>.<src>.gz`` of the corpus mirror, or the prepared text), not the
-smoke config's first 40 lines. Measured on the same sentences, aiayn eager (``aiayn.translate``) as
+smoke config's first 40 lines. Measured on the same sentences, aiayn eager (``aiayn.inference.translator``) as
 the reference:
 
 - tokens: ``MarianTokenizer(line).input_ids`` == our source ids (EOS included);
 - teacher-forced log-probabilities of the references: max and mean |HF - aiayn| over every target
   position (EOS included) and every vocabulary entry;
-- greedy: HF ``generate`` under our per-sentence length cap (``aiayn.hf_marian.marian_translate_ids``)
+- greedy: HF ``generate`` under our per-sentence length cap (``aiayn.export.hf_marian.marian_translate_ids``)
   token for token, and the text through HF's own tokenizer decode;
 - beam (``--beam-size``, ``--len-penalty`` as HF's ``length_penalty``, and 0): identical lines; each
   differing line is attributed by scoring both outputs with aiayn's model (``attribute``): the length
@@ -23,7 +23,7 @@ the reference:
 - CTranslate2: ``TransformersConverter`` on the exported folder as shipped (4.8.5), then with its
   Marian loader's two conventions overridden one at a time (the last vocabulary row dropped as
   Marian's trailing <pad>; decoding started from a zero embedding), each against
-  ``aiayn.quantize.converter.AiaynConverter``: greedy lines identical (float32 and int8) and max |score|
+  ``aiayn.export.ctranslate2.AiaynConverter``: greedy lines identical (float32 and int8) and max |score|
   difference of the references (float32).
 
 Prints a markdown table; ``--out`` also writes it. Exit status 1 when greedy parity is below 99.5 %
@@ -44,13 +44,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aiayn.batching import pad_batch
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, load_params
-from aiayn.corpus import read_lines
-from aiayn.decode import length_penalty
-from aiayn.hf_marian import export_marian, marian_logprobs, marian_translate_ids
-from aiayn.decoders import DecodeOptions
-from aiayn.translate import Translator
+from aiayn.data.batching import pad_batch
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, load_params
+from aiayn.data.readers import read_lines
+from aiayn.inference.search import length_penalty
+from aiayn.export.hf_marian import export_marian, marian_logprobs, marian_translate_ids
+from aiayn.inference.runtimes import DecodeOptions
+from aiayn.inference.translator import Translator
 
 GREEDY_MIN, LOGPROB_MAX = 0.995, 1e-4
 
@@ -145,8 +145,8 @@ def ct2_rows(tr: Translator, hf_dir: Path, tmp: Path, srcs, refs, greedy: Decode
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
 
-    from aiayn.quantize.converter import AiaynConverter
-    from aiayn.decoders import CT2Decoder
+    from aiayn.export.ctranslate2 import AiaynConverter
+    from aiayn.inference.runtimes import CT2Decoder
 
     pieces = [tr.tokenizer.id_to_piece(i) for i in range(tr.tokenizer.vocab_size)]
     P = tr.max_side_tokens

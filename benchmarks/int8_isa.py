@@ -36,11 +36,11 @@ ROWS = {
 
 _DECODE = r"""
 import json, sys, time
-from aiayn.config import EOS_ID, load_params
-from aiayn.corpus import read_lines
-from aiayn.decoders import CT2Decoder, DecodeOptions
+from aiayn.config.schema import EOS_ID, load_params
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import CT2Decoder, DecodeOptions
 from aiayn.quantize.int8 import int8_accumulation
-from aiayn.scoring import score
+from aiayn.evaluation.scoring import score
 from aiayn.tokenizer import Tokenizer
 import numpy as np
 ct2_dir, compute_type, params_path, prepared, splits = sys.argv[1:6]
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from aiayn.host import host_info
-    from aiayn.bundle import ModelBundle
-    from aiayn.quantize.converter import AiaynConverter
+    from aiayn.inference.artifacts import ModelBundle
+    from aiayn.export.ctranslate2 import AiaynConverter
 
     torch.set_num_threads(1)
     bundle = ModelBundle.load(Path(args.model_dir), device="cpu")

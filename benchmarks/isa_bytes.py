@@ -9,7 +9,7 @@ with ``ATEN_CPU_CAPABILITY`` unset (PyTorch's own choice for this CPU), ``avx2``
 has AVX-512, ``avx512``. Prints the kernels each process ran, the last loss, the sha256 of the weights
 (first 16 hex digits) and the seconds of the training loop (median over rounds, min-max). Rows that share a hash compute the same bytes; rounds
 repeat each row to show a row is deterministic. ``aiayn`` pins ``avx2`` wherever the CPU has it
-(``aiayn.settings.CPU_CAPABILITY_DEFAULT``), so AVX2 and AVX-512 hosts train the same bytes.
+(``aiayn.config.settings.CPU_CAPABILITY_DEFAULT``), so AVX2 and AVX-512 hosts train the same bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 
 _TRAIN = r"""
 import hashlib, sys, time, torch
-from aiayn.config import ModelConfig, TrainConfig
+from aiayn.config.schema import ModelConfig, TrainConfig
 from aiayn.model.transformer import Transformer
 from aiayn.train.optim import build_optimizer
 steps = int(sys.argv[1])

@@ -41,7 +41,7 @@ import time
 
 import torch
 
-from aiayn.config import BOS_ID, EOS_ID, MODEL_PRESETS, PAD_ID, UNK_ID, ModelConfig, model_preset
+from aiayn.config.schema import BOS_ID, EOS_ID, MODEL_PRESETS, PAD_ID, UNK_ID, ModelConfig, model_preset
 from aiayn.model import Transformer
 from aiayn.model.kv_cache import cache_bytes, cache_bytes_per_token
 

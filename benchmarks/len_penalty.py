@@ -21,12 +21,12 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from aiayn.config import EvalConfig
-from aiayn.corpus import read_lines
-from aiayn.decoders import DecodeOptions
+from aiayn.config.schema import EvalConfig
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import DecodeOptions
 from aiayn.host import host_info
 from aiayn.stages.evaluate import decode_split
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 
 
 def sweep(root: Path, split: str, alphas: list[float], beam: int, norm: str, src: str, tgt: str) -> list[str]:

@@ -14,7 +14,7 @@ time per byte.
     python benchmarks/lineage_reads.py --src /tmp/old-checkout --src . [--mb 200] [--rounds 3]
 
 Prints a Markdown table (median and spread over rounds, per stage and checkout), the host line and one core's
-GB/s of MD5 and of two ways to count lines (``aiayn.lineage.file_digest`` does both in its one read).
+GB/s of MD5 and of two ways to count lines (``aiayn.provenance.file_digest`` does both in its one read).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def worker(root: Path, store: Path) -> dict[str, dict[str, float]]:
     import pathlib
     import time
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.stages import Layout, split_reads
     from aiayn.stages.evaluate import RECORD as EVALUATE
     from aiayn.stages.prepare import RECORD as PREPARE

@@ -8,7 +8,7 @@ Same model, same decoding options and the same ``POST /translate`` body and answ
 *requests* (``max_batch_size``), ``aiayn serve`` batches *sentences*; with 1-8 sentences per
 request, 8 requests hold ~36 sentences on average, near ``aiayn serve``'s 32.
 
-``--log-path FILE``: every request of a batch is committed to ``aiayn.request_log.SqliteRequestLog`` (the same
+``--log-path FILE``: every request of a batch is committed to ``aiayn.serving.request_log.SqliteRequestLog`` (the same
 SQLite WAL log, one ``synchronous=FULL`` transaction per request) in ``predict``, before LitServe
 sends any answer of the batch: the durability ``aiayn serve`` gives (token counts are word counts
 here, not sentencepiece pieces). Without it: no request log; either way no validation and no metrics.
@@ -33,14 +33,14 @@ class TranslateAPI(ls.LitAPI):
 
     def setup(self, device: str) -> None:
         sys.path.insert(0, str(REPO / "src"))
-        from aiayn.export import BundlePredictor
+        from aiayn.inference.load import BundlePredictor
 
         bundle = BundlePredictor(self.bundle, threads=self.threads)
         self.translator, info, self.options = bundle.translator, bundle.info, bundle.options
         self.model = {"name": "litserve", "version": "0", "variant": info.get("variant")}
         self.log = None
         if self.log_path is not None:
-            from aiayn.request_log import SqliteRequestLog as RequestLog
+            from aiayn.serving.request_log import SqliteRequestLog as RequestLog
 
             self.log = RequestLog(self.log_path)
 

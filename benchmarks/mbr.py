@@ -2,7 +2,7 @@
 the beam's top hypothesis, raise BLEU on the Multi30k test sets when the choice of utility is made on val?
 
 For each ``--run NAME=DIR`` (a finished project: ``DIR/artifacts/model``, ``DIR/artifacts/prepared``) and each
-``--split``, the evaluate stage's decoder (``aiayn.translate.Translator``, beam ``--beam``, ``len_penalty``
+``--split``, the evaluate stage's decoder (``aiayn.inference.translator.Translator``, beam ``--beam``, ``len_penalty``
 ``--alpha``, GNMT normalisation, ``max_len_a`` 1.0, ``max_len_b`` 50) writes the ``--beam``-best list of every
 sentence. Then, for each utility (sentence BLEU with effective order, chrF, their mean) and each candidate count
 ``K`` in ``--k``, every sentence's output is
@@ -28,11 +28,11 @@ import sacrebleu
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
-from aiayn.config import EvalConfig
-from aiayn.corpus import read_lines
-from aiayn.decoders import DecodeOptions
+from aiayn.config.schema import EvalConfig
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import DecodeOptions
 from aiayn.host import host_info
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 
 UTILITIES = ("bleu", "chrf", "mean")
 

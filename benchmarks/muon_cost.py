@@ -70,7 +70,7 @@ def newton_schulz(rounds: int) -> None:
 def loop(params: Path, tokenized: Path, steps: int, rounds: int) -> None:
     import sentencepiece as spm
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.tokenizer import load_encoded
     from aiayn.train import train
 

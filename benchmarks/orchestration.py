@@ -10,7 +10,7 @@ the corpus copied from the mirror once. Four measurements, all in the same run:
    deleted before each train run (else it would resume, already finished). Medians.
 2. **Wrapper only**: the same flow/task wrapper around a stage that does nothing
    (``--wrapper-reps`` repetitions): the fixed per-stage cost, free of stage noise.
-3. **As DVC runs a stage** (``--subprocess``): a fresh ``python -m pipelines.stage
+3. **As DVC runs a stage** (``--subprocess``): a fresh ``python -m pipelines.run_stage
    <name>`` process vs ``aiayn <name>`` (the CLI, no Prefect), for ``--subprocess-stages``;
    without a server every such process starts its own temporary API.
 4. **No-op ``dvc repro``** (outputs committed, nothing changed): through the ``dvc`` CLI
@@ -45,7 +45,7 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pipelines.stages import STAGES, stage_module  # the pipeline's stages, in DAG order
+from pipelines.dag import STAGES, stage_module  # the pipeline's stages, in DAG order
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # tests/support: the scratch project
@@ -94,7 +94,7 @@ def _setup_env(mirror: str, work: Path) -> None:
 
 def bench_in_process(root: Path, stages: list[str], modes: dict[str, str | None], rounds: int) -> dict:
     """``{(stage, "direct" | mode): [seconds per round]}`` for stage functions and their flows."""
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.stages import Layout
     from aiayn.tracking import MlflowRecorder
     from pipelines.flows import STAGE_FLOWS
@@ -127,7 +127,7 @@ def bench_wrapper(root: Path, modes: dict[str, str | None], reps: int) -> dict[s
     """``{mode: (direct s, flow s)}``, medians of ``reps``: a do-nothing stage, bare vs in the stage flow wrapper."""
     from prefect import flow
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.stages import Layout
     from pipelines.flows import run_stage
 
@@ -151,14 +151,14 @@ def bench_wrapper(root: Path, modes: dict[str, str | None], reps: int) -> dict[s
 
 
 def bench_subprocess(root: Path, stages: list[str], url: str | None) -> list[tuple[str, float, float]]:
-    """``[(stage, aiayn s, pipelines.stage s)]``: one fresh process each, as a DVC stage cmd runs."""
+    """``[(stage, aiayn s, pipelines.run_stage s)]``: one fresh process each, as a DVC stage cmd runs."""
     env = dict(os.environ)
     if url:
         env["PREFECT_API_URL"] = url
     rows = []
     for stage in stages:
         cli = [str(VENV_BIN / "aiayn"), stage, "--root", str(root), "--params", str(root / "params.yaml")]
-        via = [sys.executable, "-m", "pipelines.stage", stage, "--root", str(root)]
+        via = [sys.executable, "-m", "pipelines.run_stage", stage, "--root", str(root)]
         pair = []
         for cmd in (cli, via):
             if stage == "train":
@@ -262,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages, in pipeline order")
     ap.add_argument("--rounds", type=int, default=1, help="repetitions per stage and mode (median reported)")
     ap.add_argument("--wrapper-reps", type=int, default=5, help="repetitions of the do-nothing stage")
-    ap.add_argument("--subprocess", action="store_true", help="also time `python -m pipelines.stage` vs `aiayn` processes")
+    ap.add_argument("--subprocess", action="store_true", help="also time `python -m pipelines.run_stage` vs `aiayn` processes")
     ap.add_argument("--subprocess-stages", default="prepare,tokenize,evaluate",
                     help="stages for --subprocess (the per-process cost does not depend on the stage)")
     ap.add_argument("--mirror", default=os.environ.get("AIAYN_DATA_MIRROR", str(REPO.parent / "shared" / "data" / "multi30k")))
@@ -335,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
               "| API | bare s | flow s (= fixed per-stage overhead) |\n|---|---:|---:|")
         print("\n".join(f"| {mode} | {a:.3f} | {b:.2f} |" for mode, (a, b) in wrapper.items()) + "\n")
         for mode, rows in sub.items():
-            print(_table(f"As DVC runs a stage: fresh process, `aiayn <stage>` vs `python -m pipelines.stage` ({mode})",
-                         rows, base="aiayn s", other="pipelines.stage s"))
+            print(_table(f"As DVC runs a stage: fresh process, `aiayn <stage>` vs `python -m pipelines.run_stage` ({mode})",
+                         rows, base="aiayn s", other="pipelines.run_stage s"))
         print("### No-op `dvc repro` (nothing changed)\n\n| how | s |\n|---|---:|")
         print(f"| `dvc repro` (CLI process) | {cli_s:.2f} |\n| `Repo(root).reproduce()` (the pipeline flow's call) | {api_s:.2f} |")
     finally:

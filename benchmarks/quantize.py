@@ -21,17 +21,17 @@ from pathlib import Path
 
 import torch
 
-from aiayn.bundle import EAGER, ModelBundle
+from aiayn.inference.artifacts import EAGER, ModelBundle
 from aiayn.checkpoint import save_model
-from aiayn.config import model_preset
-from aiayn.corpus import read_lines
-from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder
+from aiayn.config.schema import model_preset
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import CT2Decoder, DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
 from aiayn.quantize.throughput import measure, thread_count
 from aiayn.quantize.variants import VARIANTS, build_ct2, dir_bytes
-from aiayn.scoring import score
+from aiayn.evaluation.scoring import score
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 
 
 def demo_bundle(out: Path, spm: Path) -> Path:

@@ -89,7 +89,7 @@ if "$PYTHON" -c "import pydantic, yaml" 2>/dev/null; then
     > "$OUT/training_check.log" 2>&1
   tail -n 12 "$OUT/training_check.log"
 else
-  echo "training_check: skipped (pydantic/pyyaml not installed; aiayn.config needs them)" | tee -a "$summary"
+  echo "training_check: skipped (pydantic/pyyaml not installed; aiayn.config.schema needs them)" | tee -a "$summary"
 fi
 
 # 3. Training throughput and memory, base preset, bf16: SDPA vs Triton vs torch.compile (issue 14).
@@ -110,9 +110,9 @@ if "$PYTHON" -c "import sentencepiece, sacrebleu, typer, safetensors" 2>/dev/nul
   cat > "$SMOKE/run.sh" <<EOF2
 set -e
 export AIAYN_TRACKING=off
-"$PYTHON" -m aiayn.cli fetch --mirror "$MIRROR" --root "$SMOKE"
+"$PYTHON" -m aiayn.cli.main fetch --mirror "$MIRROR" --root "$SMOKE"
 for s in prepare tokenize train evaluate; do
-  "$PYTHON" -m aiayn.cli "\$s" --params "$SMOKE/params.yaml" --root "$SMOKE"
+  "$PYTHON" -m aiayn.cli.main "\$s" --params "$SMOKE/params.yaml" --root "$SMOKE"
 done
 EOF2
   step smoke_cuda 120 bash "$SMOKE/run.sh" > "$OUT/smoke_cuda.log" 2>&1

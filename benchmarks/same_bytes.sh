@@ -29,7 +29,7 @@ out = Path(sys.argv[1])
 p = yaml.safe_load(open("params.yaml"))
 p["train"] |= {"max_steps": 200, "max_time_s": None, "warmup_steps": 100, "checkpoint_every": 50,
                "validate_every": 100, "keep_checkpoints": 5, "average_last": 2, "log_every": 50}
-if "class SelectConfig" in Path("src/aiayn/config.py").read_text():
+if "class SelectConfig" in Path("src/aiayn/config/schema.py").read_text():
     p["train"]["select"] = {"guard": "warn"}
 p["quantize"] |= {"variants": ["ct2-float32", "ct2-int8"], "serving_preference": ["ct2-int8", "ct2-float32"],
                   "throughput": False, "layer_attribution": False}
@@ -42,7 +42,7 @@ except ImportError:
 scratch_project(out / "project", out / "params.yaml", source=".")
 PYEOF
 cd "$out/project"
-{ "$py" -m aiayn.cli fetch ${AIAYN_DATA_MIRROR:+--mirror "$AIAYN_DATA_MIRROR"} && dvc repro quantize; } > "$out/log.txt" 2>&1
+{ "$py" -m aiayn.cli.main fetch ${AIAYN_DATA_MIRROR:+--mirror "$AIAYN_DATA_MIRROR"} && dvc repro quantize; } > "$out/log.txt" 2>&1
 find artifacts/prepared artifacts/tokenized artifacts/model artifacts/eval artifacts/quantized -type f -print0 |
   sort -z | xargs -0 sha256sum > "$out/hashes.txt"
 cp dvc.lock "$out/dvc.lock"

@@ -135,7 +135,7 @@ def service_command(root: Path | None, args: argparse.Namespace, port: int, log:
     if root is None:
         return [str(BIN / "aiayn"), *serve, *args.serve_args.split()]
     boot = (f"import sys; sys.path[:0] = [{str(root / 'src')!r}, {str(root)!r}]; "
-            "from aiayn.cli import main; sys.argv[0] = 'aiayn'; main()")
+            "from aiayn.cli.main import main; sys.argv[0] = 'aiayn'; main()")
     return [sys.executable, "-c", boot, *serve]
 
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.before:
         return before_after(args, lines, Path(tempfile.mkdtemp(prefix="aiayn-serve-load-")))
     sys.path.insert(0, str(REPO / "src"))
-    from aiayn.export import BundlePredictor
+    from aiayn.inference.load import BundlePredictor
 
     bundle = BundlePredictor(args.bundle, threads=args.threads * args.workers)
     translator, info, options = bundle.translator, bundle.info, bundle.options

@@ -15,7 +15,7 @@ One ``aiayn serve`` process (its own process group; SQLite log in a temporary fo
   ``--body-timeout-s``.
 
 Every ``--sample-s`` the server's resident memory (RSS, psutil) is sampled. At the end the request
-log is read through ``aiayn.request_log``. Checks (exit status 1 when one fails):
+log is read through ``aiayn.serving.request_log``. Checks (exit status 1 when one fails):
 
 - no 5xx, and every response had its kind's status;
 - memory flat: the median RSS of the last fifth of the run within ``--rss-growth`` (10 %) of the
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args.warmup_s = min(args.warmup_s, args.minutes * 60 / 5)  # short runs keep most of their samples
 
     sys.path.insert(0, str(REPO / "src"))
-    from aiayn.request_log import open_request_log
+    from aiayn.serving.request_log import open_request_log
 
     lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="aiayn-serve-soak-"))

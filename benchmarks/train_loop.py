@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.batching import collate, make_batches
-from aiayn.config import load_params
+from aiayn.data.batching import collate, make_batches
+from aiayn.config.schema import load_params
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer, load_encoded
 from aiayn.train import train

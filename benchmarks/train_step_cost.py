@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.batching import collate, make_batches
-from aiayn.config import TrainConfig, model_preset
+from aiayn.data.batching import collate, make_batches
+from aiayn.config.schema import TrainConfig, model_preset
 from aiayn.host import host_info
 from aiayn.model import Transformer
 from aiayn.model.dropout import Dropout

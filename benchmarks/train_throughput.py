@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from aiayn.batching import collate, make_batches
-from aiayn.config import PAD_ID, model_preset
+from aiayn.data.batching import collate, make_batches
+from aiayn.config.schema import PAD_ID, model_preset
 from aiayn.model import Transformer
 from aiayn.model.positions import sinusoid_table
 from aiayn.tokenizer import EncodedSplit, load_encoded

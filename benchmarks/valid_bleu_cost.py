@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from aiayn.bundle import ModelBundle
-from aiayn.corpus import read_lines
-from aiayn.decoders import DecodeOptions
+from aiayn.inference.artifacts import ModelBundle
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import DecodeOptions
 from aiayn.tokenizer import load_encoded
 from aiayn.train import validation_loss
 from aiayn.train.validation import BleuValidator
@@ -30,7 +30,7 @@ def seconds_per_step(model: torch.nn.Module, args: argparse.Namespace) -> float:
     import copy
     import statistics
 
-    from aiayn.batching import collate, make_batches
+    from aiayn.data.batching import collate, make_batches
     from aiayn.train import label_smoothed_cross_entropy
 
     train_split = load_encoded(args.tokenized, "train", vocab_size=model.cfg.vocab_size)

@@ -96,7 +96,7 @@ def sh(*cmd: str, check: bool = True, timeout: float = 600) -> str:
 @functools.lru_cache(maxsize=1)
 def _base_model() -> tuple[Any, int]:
     """The project's resolved ``model`` config and the tokenizer's vocabulary size (params.yaml)."""
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     return load_params(ROOT / "params.yaml").model, raw["tokenize"]["vocab_size"]
@@ -303,9 +303,9 @@ def decode_side(model_dir: Path, rounds: int = 3) -> dict[str, float]:
     import torch
 
     from aiayn.model.kv_cache import cache_bytes_per_token
-    from aiayn.scoring import score
-    from aiayn.decoders import DecodeOptions
-    from aiayn.translate import Translator
+    from aiayn.evaluation.scoring import score
+    from aiayn.inference.runtimes import DecodeOptions
+    from aiayn.inference.translator import Translator
 
     torch.set_num_threads(1)
     tr = Translator.from_dir(model_dir, device="cpu")
@@ -349,8 +349,8 @@ def train_side(variants: list[str], steps: int = 10, rounds: int = 3) -> dict[st
     target tokens/s, its min-max, and the median of per-round ratios to the paper model."""
     import torch
 
-    from aiayn.batching import collate, make_batches
-    from aiayn.config import load_params
+    from aiayn.data.batching import collate, make_batches
+    from aiayn.config.schema import load_params
     from aiayn.model import Transformer
     from aiayn.tokenizer import load_encoded
     from train_throughput import run_steps

@@ -2,7 +2,7 @@
 
 Our Wu et al. run (``configs/multi30k_wu2021.yaml``) trains on the raw cased text and lowercases and
 tokenizes its output for their metric; they trained on the multi30k/dataset repository's
-``*.lc.norm.tok.*`` text (``aiayn.moses_bleu`` says how it is made). This isolates that one difference
+``*.lc.norm.tok.*`` text (``aiayn.evaluation.moses_bleu`` says how it is made). This isolates that one difference
 (issue 25 item 7's "find out why"). Two steps around one ``make run``, after ``aiayn fetch``:
 
     python benchmarks/wu2021_their_text.py write --raw data/multi30k --out data/multi30k_lctok \\
@@ -10,8 +10,8 @@ tokenizes its output for their metric; they trained on the multi30k/dataset repo
     make run PARAMS=configs/multi30k_wu2021_lctok.yaml
     python benchmarks/wu2021_their_text.py score --root . --text data/multi30k_lctok
 
-``write`` applies ``aiayn.moses_bleu.lc_norm_tok`` to every split of the checksummed raw corpus (read by
-``aiayn.corpus.read_lines``, as the prepare stage reads it: validated, NFC) and writes a ``moses``-layout
+``write`` applies ``aiayn.evaluation.moses_bleu.lc_norm_tok`` to every split of the checksummed raw corpus (read by
+``aiayn.data.readers.read_lines``, as the prepare stage reads it: validated, NFC) and writes a ``moses``-layout
 corpus (``{split}.{lang}``); with ``--theirs`` (the text LividWo/Revisit-MMT ships, BPE'd) it counts the
 lines that differ from theirs once their BPE joins are undone. ``score`` computes their convention exactly as fairseq-generate does
 on such a model: BLEU4 of the (already lowercased, tokenized) hypotheses against the lc.norm.tok
@@ -34,9 +34,9 @@ THEIR_NAMES = {"train": "train", "val": "valid", "test_2016_flickr": "test.2016"
 
 def write(raw: Path, out: Path, langs: tuple[str, str], theirs: Path | None) -> None:
     """Write ``out/{split}.{lang}`` (lc.norm.tok) for every split; count differences from ``theirs``."""
-    from aiayn.corpus import read_lines
+    from aiayn.data.readers import read_lines
     from aiayn.io import atomic_write_text
-    from aiayn.moses_bleu import lc_norm_tok
+    from aiayn.evaluation.moses_bleu import lc_norm_tok
 
     out.mkdir(parents=True, exist_ok=True)
     print("| split | lang | lines | tokens | lines differing from theirs |\n|---|---|---:|---:|---:|")

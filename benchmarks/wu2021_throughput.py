@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from aiayn.batching import make_batches
-from aiayn.config import load_params
+from aiayn.data.batching import make_batches
+from aiayn.config.schema import load_params
 from aiayn.tokenizer import Tokenizer, load_encoded
 from aiayn.train import train
 

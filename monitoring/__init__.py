@@ -3,8 +3,8 @@
 The monitor's core: per-sentence descriptors and encoder embeddings, the reference they are
 compared against (the ``monitor_reference`` DVC stage), the check (Evidently reports, a verdict,
 ``summary.json``) and its ``aiayn`` commands. No Prefect here: the scheduled drift-check flow is the
-orchestrator's (``pipelines.drift``).
+orchestrator's (``pipelines.drift_flow``).
 
-Settings: the ``monitor`` block of ``params.yaml`` (``aiayn.config.MonitorConfig``). Evidently is
+Settings: the ``monitor`` block of ``params.yaml`` (``aiayn.config.schema.MonitorConfig``). Evidently is
 imported only when a check runs (its import takes seconds).
 """

@@ -9,7 +9,7 @@ two functions, so a difference between them is a difference in the text, not in 
   sentence's source positions, ``(n, d_model)`` float32, then ``Pca.transform`` to
   ``embedding_dims`` components fitted on the reference.
 
-Text is cleaned as ``aiayn translate`` cleans it (``aiayn.textio.clean_line``, whitespace runs
+Text is cleaned as ``aiayn translate`` cleans it (``aiayn.inference.text.clean_line``, whitespace runs
 collapsed) and normalised as the tokenizer normalises it (``Tokenizer.normalize``: NFKC for our
 models), so the monitor sees what the model sees: the same sentence in NFD and NFC gets the same
 descriptors (a decomposed accent is not a non-letter character). No Evidently here: this module is cheap to
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aiayn.config import EOS_ID, UNK_ID
-from aiayn.textio import clean_line
+from aiayn.config.schema import EOS_ID, UNK_ID
+from aiayn.inference.text import clean_line
 
 __all__ = ["DESCRIPTORS", "DESCRIPTOR_DOCS", "clean", "describe", "source_side_table", "encoder_embeddings", "Pca"]
 
@@ -110,28 +110,28 @@ def source_side_table(src_ids: np.ndarray, tgt_ids: np.ndarray, vocab_size: int)
 def encoder_embeddings(translator, sentences: Sequence[str], *, batch_tokens: int = 8000) -> np.ndarray:
     """Mean-pooled encoder output of each sentence: ``(n, d_model)`` float32.
 
-    ``translator``: ``aiayn.translate.Translator`` over an ``aiayn.decoders.EagerDecoder`` (the trained
+    ``translator``: ``aiayn.inference.translator.Translator`` over an ``aiayn.inference.runtimes.EagerDecoder`` (the trained
     model, any device; ``Translator.from_dir``). Each sentence is
     prepared as the model translates it (cleaned, unknown characters dropped, EOS appended; a line
     longer than the model accepts is truncated to its limit); a blank sentence is EOS alone. The
     encoder output ``(B, S, d_model)`` (Vaswani et al. 2017, Section 3.1) is averaged over the
     non-pad positions. Batches hold at most ``batch_tokens`` padded source tokens, sorted by
-    length (``aiayn.decoders.sorted_batches``, as decoding batches them); results come back in input
+    length (``aiayn.inference.runtimes.sorted_batches``, as decoding batches them); results come back in input
     order. Deterministic for a given machine and thread count.
     """
     import logging
 
     import torch
 
-    from aiayn.batching import pad_batch
-    from aiayn.decoders import sorted_batches
+    from aiayn.data.batching import pad_batch
+    from aiayn.inference.runtimes import sorted_batches
 
     n = len(sentences)
     model = translator.decoder.model
     out = np.zeros((n, model.cfg.d_model), dtype=np.float32)
     if n == 0:
         return out
-    quiet = logging.getLogger("aiayn.translate")
+    quiet = logging.getLogger("aiayn.inference.translator")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # per-line truncation warnings: the descriptors report long input
     try:

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.config import MonitorConfig, Params
+from aiayn.config.schema import MonitorConfig, Params
 from aiayn.stages import Layout
 from monitoring.descriptors import DESCRIPTORS, Pca, describe, encoder_embeddings
 
@@ -139,7 +139,7 @@ def read_text_window(path: str | Path) -> list[str]:
 
     Raises ``DriftCheckError`` for a missing/unreadable file or invalid UTF-8 (naming the line).
     """
-    from aiayn.textio import InputError, read_input
+    from aiayn.inference.text import InputError, read_input
 
     path = Path(path)
     try:
@@ -153,14 +153,14 @@ def read_text_window(path: str | Path) -> list[str]:
 
 def read_log_window(target: str | Path, size: int) -> tuple[list[str], dict[str, Any]]:
     """The last ``size`` sentences of the serving request log, oldest first, read through
-    ``aiayn.request_log`` (``target``: the SQLite file, opened read-only so a running service is
+    ``aiayn.serving.request_log`` (``target``: the SQLite file, opened read-only so a running service is
     never blocked, or a PostgreSQL URL: the log replicas share).
 
     Returns ``(sentences, info)`` with ``info = {"log": where (no password), "first_ts", "last_ts",
     "model_versions"}`` (Unix seconds; the model versions that answered them). Raises
     ``DriftCheckError`` for a missing log, a file that is not a request log, or any database error.
     """
-    from aiayn.request_log import RequestLogError, is_url, open_request_log, redact
+    from aiayn.serving.request_log import RequestLogError, is_url, open_request_log, redact
 
     where = redact(str(target)) if is_url(target) else str(target)
     if not is_url(target) and not Path(target).is_file():
@@ -325,7 +325,7 @@ def exit_code(verdict: str) -> int:
 def check(sentences: Sequence[str], ref: Reference, cfg: MonitorConfig, translator: Any | None = None) -> CheckResult:
     """Check one window (see the module doc for the verdict rule).
 
-    ``translator``: ``aiayn.translate.Translator`` of the reference's model (its tokenizer for the
+    ``translator``: ``aiayn.inference.translator.Translator`` of the reference's model (its tokenizer for the
     descriptors, its encoder for the embeddings; ``cfg.embedding_method`` None: descriptors only).
     It may be None only when the window is below ``min_window`` (no test runs). The summary holds ``verdict``,
     ``window`` (sentences), ``reference`` (sentences, model SHA-256), ``descriptors`` (per name:
@@ -388,7 +388,7 @@ def _open_translator(layout: Layout, ref: Reference):
     from aiayn.checkpoint import CheckpointError
     from aiayn.io import sha256_file
     from aiayn.tokenizer import TokenizerError
-    from aiayn.translate import Translator
+    from aiayn.inference.translator import Translator
 
     weights = layout.model / "model.safetensors"
     if not weights.is_file():
@@ -411,7 +411,7 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
 
     Window: ``input_path`` (a text file, one sentence per line), else the last
     ``monitor.window_size`` sentences of the serving log: ``log_url`` (a PostgreSQL URL), else
-    ``AIAYN_REQUEST_LOG_URL`` (``aiayn.settings``), else ``monitor.log_path`` (relative to the
+    ``AIAYN_REQUEST_LOG_URL`` (``aiayn.config.settings``), else ``monitor.log_path`` (relative to the
     project root).
     The folder (default ``artifacts/drift/<UTC time>``) gets ``summary.json`` always and
     ``report.html``/``embeddings.html`` when the tests ran. Raises ``DriftCheckError`` (exit 2).
@@ -427,7 +427,7 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
         sentences = read_text_window(input_path)
         source = {"file": str(input_path)}
     else:
-        from aiayn.settings import Settings
+        from aiayn.config.settings import Settings
 
         log_path = Path(cfg.log_path)
         target = log_url or Settings.from_env().request_log_url or (

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.config import Params
+from aiayn.config.schema import Params
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.stages import Layout
@@ -73,9 +73,9 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     import torch
     from safetensors.numpy import save_file
 
-    from aiayn.corpus import read_lines
+    from aiayn.data.readers import read_lines
     from aiayn.tokenizer import load_encoded
-    from aiayn.translate import Translator
+    from aiayn.inference.translator import Translator
 
     t0 = time.perf_counter()
     m, d = params.monitor, params.data

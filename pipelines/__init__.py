@@ -9,7 +9,7 @@ Importing ``pipelines`` changes nothing in the process. ``apply_project_env`` se
 every process that runs a flow needs (``PROJECT_ENV_DEFAULTS``); the mains (``python -m
 pipelines.<module>``) call it first, and the modules that import Prefect call it just before, since
 Prefect reads its settings once, when it is imported (a deployment's flow run imports its flow's
-module directly). So ``dvc repro``, ``python -m pipelines.stage``, the worker and ``make run``
+module directly). So ``dvc repro``, ``python -m pipelines.run_stage``, the worker and ``make run``
 behave alike, with no Makefile or shell setup.
 """
 
@@ -27,12 +27,12 @@ PROJECT_ENV_DEFAULTS = {
 
 
 def apply_project_env(stage: str | None = None) -> None:
-    """Set ``PROJECT_ENV_DEFAULTS`` and aiayn's process defaults (``aiayn.settings``; ``stage``: the one
-    stage this process runs, if any: only ``python -m pipelines.stage`` knows it) in ``os.environ``,
+    """Set ``PROJECT_ENV_DEFAULTS`` and aiayn's process defaults (``aiayn.config.settings``; ``stage``: the one
+    stage this process runs, if any: only ``python -m pipelines.run_stage`` knows it) in ``os.environ``,
     each unless already set; then, when Prefect will start a temporary API server, have it start in a
     session of its own, so a terminal's Ctrl-C stops the flow cleanly instead of killing the API the
     flow reports to (``pipelines.prefect_api``)."""
-    from aiayn.settings import apply_process_defaults
+    from aiayn.config.settings import apply_process_defaults
 
     for key, value in PROJECT_ENV_DEFAULTS.items():
         _os.environ.setdefault(key, value)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from aiayn.settings import DVC_REMOTE_ENV
+from aiayn.config.settings import DVC_REMOTE_ENV
 
 if TYPE_CHECKING:
     from prefect import Flow
@@ -111,7 +111,7 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
     ),
     DeploymentSpec(
         name="hourly",
-        flow="pipelines.drift:drift",
+        flow="pipelines.drift_flow:drift",
         cron="0 * * * *",
         timezone="UTC",
         concurrency_limit=1,

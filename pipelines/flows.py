@@ -43,12 +43,12 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Cancelled, Failed, State  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
-from aiayn.checks import load_checked  # noqa: E402
-from aiayn.config import Params  # noqa: E402
+from aiayn.config.checks import load_checked  # noqa: E402
+from aiayn.config.schema import Params  # noqa: E402
 from aiayn.exitcodes import INPUT_ERRORS  # noqa: E402
 from aiayn.retry import is_transient as core_is_transient  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
-from pipelines.stages import stage_module  # noqa: E402
+from pipelines.dag import stage_module  # noqa: E402
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -176,13 +176,13 @@ logging.getLogger("prefect.task_runs").addFilter(_no_empty_traceback)
 
 @task(name="run-stage", task_run_name="{stage}", cache_policy=NO_CACHE, persist_result=False)
 def run_stage(stage: str, params: Params, layout: Layout) -> dict | State:
-    """Run the stage's ``run(params, layout, recorder)`` (``pipelines.stages.stage_module``) with the MLflow
+    """Run the stage's ``run(params, layout, recorder)`` (``pipelines.dag.stage_module``) with the MLflow
     recorder of ``layout.root`` and return its summary (never retried). Bad input (``aiayn.exitcodes.INPUT_ERRORS``:
     a corpus, a value, params) is returned as a ``Failed`` state whose message is
     ``"<Type>: <message>"``, so the task run and its flow fail as ``aiayn <stage>`` does, without Prefect's task and
     flow tracebacks of an error that is not the code's (an interrupted stage returns ``Cancelled`` the same way);
     a bug still raises, with its traceback."""
-    from aiayn.settings import Settings
+    from aiayn.config.settings import Settings
     from aiayn.tracking import MlflowRecorder
 
     module = importlib.import_module(stage_module(stage))

@@ -7,7 +7,7 @@ One run of this flow is one pipeline run:
    ``AIAYN_PARENT_RUN_ID``, so every stage's run nests under the same parent. The
    parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
    pipeline: when MLflow is unreachable the tracker disables itself (one warning).
-0. **Check**: ``aiayn.checks.load_checked`` reports every problem of ``params.yaml`` at once
+0. **Check**: ``aiayn.config.checks.load_checked`` reports every problem of ``params.yaml`` at once
    (``aiayn check``) and fails the run before anything else happens.
 2. **Fetch** (``io_task``, retried on transient I/O errors; Multi30k configs only: other corpus sources
    are read by the ``corpus`` stage): makes sure the verified raw corpus is in ``data/multi30k`` (files already there with the right hash are kept);
@@ -16,7 +16,7 @@ One run of this flow is one pipeline run:
    data that differs from it (e.g. ``aiayn fetch --tok-references`` added ``data/multi30k/tok``) is
    re-versioned by ``dvc repro`` (DVC re-adds a changed data source), and the report says so.
 3. **Reproduce**: ``dvc.repo.Repo(root).reproduce()``, so DVC alone decides what is
-   stale. Each ``dvc.yaml`` cmd (``python -m pipelines.stage <name>``) runs its stage
+   stale. Each ``dvc.yaml`` cmd (``python -m pipelines.run_stage <name>``) runs its stage
    flow, reported to the same Prefect API as this flow (``PREFECT_API_URL`` exported),
    tagged ``pipeline-run:<flow run id>``; the venv's ``bin`` is put first on ``PATH``
    so ``python`` is this interpreter. A failed stage fails this flow with
@@ -55,11 +55,11 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Failed, State  # noqa: E402
 
-from aiayn.checks import load_checked  # noqa: E402
+from aiayn.config.checks import load_checked  # noqa: E402
 from aiayn.exitcodes import EXIT_TRAINING_CUT, cut_warning_markdown, training_was_cut  # noqa: E402
 from aiayn.host import host_info, matmul_gflops  # noqa: E402
-from aiayn.lineage import CorpusInput, corpus_input, dvc_data_hashes  # noqa: E402
-from aiayn.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
+from aiayn.provenance import CorpusInput, corpus_input, dvc_data_hashes  # noqa: E402
+from aiayn.config.settings import PARENT_RUN_ENV, PIPELINE_RUN_ENV, STAGE_ERROR_FILE_ENV, Settings  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 from aiayn.tracking import Tracker  # noqa: E402
 from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task  # noqa: E402
@@ -219,7 +219,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _data_hashes(root: Path) -> dict[str, str] | str:
-    """``aiayn.lineage.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
+    """``aiayn.provenance.dvc_data_hashes(root)``, or why they could not be read (the report says so)."""
     try:
         return dvc_data_hashes(root)
     except (OSError, ValueError) as e:
@@ -251,7 +251,7 @@ def render_report(
     signal says so before anything else, since its scores are not the configured model's); ``timing``:
     ``{"repro_s": seconds of dvc repro, "host": aiayn.host.HostInfo.line() before it, "gflops_after": the
     matmul probe after it}`` (hosts of one kind differ ~2x in speed, so a timing carries its host);
-    ``corpus``: the corpus the run read, ``aiayn.lineage.corpus_input`` (its path and hash are the data line,
+    ``corpus``: the corpus the run read, ``aiayn.provenance.corpus_input`` (its path and hash are the data line,
     inside the project or not; None, before the corpus stage has run: every hash under ``data/``).
     """
     budget = (training or {}).get("budget")

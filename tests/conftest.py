@@ -26,7 +26,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # What every aiayn process sets where it starts, before its first torch op (OMP_WAIT_POLICY, and
 # ATEN_CPU_CAPABILITY=avx2 on a CPU with AVX2): the stage processes the tests start compute as they do.
-from aiayn.settings import apply_process_defaults  # noqa: E402
+from aiayn.config.settings import apply_process_defaults  # noqa: E402
 
 apply_process_defaults()
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")

@@ -13,9 +13,9 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from aiayn.cli import app
-from aiayn.config import EvalConfig
-from aiayn.decoders import DecodeOptions
+from aiayn.cli.main import app
+from aiayn.config.schema import EvalConfig
+from aiayn.inference.runtimes import DecodeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_each_paragraph_of_a_help_text_is_one_line_without_markup(monkeypatch):
 
 def test_a_stage_command_reads_params_from_root(tmp_path, monkeypatch):
     """`cd elsewhere && aiayn corpus --root ../proj` said "params file not found: params.yaml" (new-user trial):
-    `--params` was read from the current folder, not from `--root` as `python -m pipelines.stage` reads it."""
+    `--params` was read from the current folder, not from `--root` as `python -m pipelines.run_stage` reads it."""
     import json
 
     proj, corpus, elsewhere = tmp_path / "proj", tmp_path / "corp", tmp_path / "elsewhere"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.config import ConfigError, load_params, model_preset, params_from_dict
+from aiayn.config.schema import ConfigError, load_params, model_preset, params_from_dict
 from aiayn.model import Transformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +44,8 @@ def test_shipped_params_files_load(name):
 
 
 def _deviation_rows() -> dict[str, str]:
-    """README's "Every deviation from the paper" table: ``{what: here}``."""
-    text = (REPO / "README.md").read_text(encoding="utf-8").split("Every deviation from the paper", 1)[1]
+    """docs/training.md's "Every deviation from the paper" table: ``{what: here}``."""
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8").split("Every deviation from the paper", 1)[1]
     rows = {}
     for line in text.splitlines()[1:]:
         if not line.startswith("|"):
@@ -84,7 +84,7 @@ def _row(rows: dict[str, str], what: str) -> str:
 
 def test_every_deviation_of_the_main_job_has_a_readme_row():
     """No silent deviation: every ``model:`` field params.yaml sets to other than the preset's (the paper's), and
-    every training or decoding setting of PAPER_SETTINGS that differs from the paper's, has a row in README's
+    every training or decoding setting of PAPER_SETTINGS that differs from the paper's, has a row in docs/training.md's
     deviation table naming the main job's value."""
     import yaml
 
@@ -100,7 +100,7 @@ def test_every_deviation_of_the_main_job_has_a_readme_row():
         here = getattr(getattr(p, block), field)
         if here != paper and not _names_value(_row(rows, what), here):
             missing.append((f"{block}.{field}", here))
-    assert not missing, f"deviations from the paper with no README row naming the main job's value: {missing}"
+    assert not missing, f"deviations from the paper with no docs/training.md row naming the main job's value: {missing}"
 
 
 def test_the_deviation_check_sees_a_missing_row():

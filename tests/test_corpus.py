@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from aiayn import corpus
-from aiayn.config import DataConfig, Params
-from aiayn.corpus import CorpusError, fetch_corpus, filter_pairs, read_lines, read_parallel
+from aiayn.data import multi30k as corpus
+from aiayn.config.schema import DataConfig, Params
+from aiayn.data.hygiene import length_rule
+from aiayn.data.readers import CorpusError, read_lines
+from aiayn.data.multi30k import fetch_corpus
 from aiayn.stages import Layout
 from aiayn.stages import fetch as fetch_stage
 from aiayn.stages import prepare as prepare_stage
@@ -108,26 +110,10 @@ def _write(path: Path, data: bytes, gz: bool = False) -> Path:
     return path
 
 
-@pytest.mark.parametrize("gz", [False, True])
-def test_read_parallel_plain_and_gzip(tmp_path, gz):
-    src = _write(tmp_path / "a.en", b"A dog runs .  \nTwo\tcats\r\n", gz)
-    tgt = _write(tmp_path / "a.de", b"Ein Hund rennt .\nZwei Katzen", gz)  # no final newline
-    assert read_parallel(src, tgt) == [("A dog runs .", "Ein Hund rennt ."), ("Two\tcats", "Zwei Katzen")]
-
-
 def test_read_nfc_normalises_decomposed_text(tmp_path):
     decomposed = "Cafe\u0301 mit Gru\u0308n"  # e + COMBINING ACUTE, u + COMBINING DIAERESIS
     path = _write(tmp_path / "x.de", (decomposed + "\n").encode("utf-8"))
     assert read_lines(path) == ["Caf\u00e9 mit Gr\u00fcn"]
-
-
-def test_read_rejects_misaligned(tmp_path):
-    src = _write(tmp_path / "m.en", b"a\nb\nc\n")
-    tgt = _write(tmp_path / "m.de", b"a\nb\n")
-    with pytest.raises(CorpusError) as err:
-        read_parallel(src, tgt)
-    msg = str(err.value)
-    assert str(src) in msg and str(tgt) in msg and "3 lines" in msg and "has 2" in msg
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -158,17 +144,20 @@ def test_read_rejects_control_character(tmp_path, char, code):
         read_lines(path)
 
 
-def test_read_parallel_real_val(multi30k_mirror):
-    pairs = read_parallel(multi30k_mirror / "val.en.gz", multi30k_mirror / "val.de.gz")
-    en, de = _raw_lines(multi30k_mirror / "val.en.gz"), _raw_lines(multi30k_mirror / "val.de.gz")
-    assert len(pairs) == len(en) == len(de) == 1014
-    assert pairs == list(zip(en, de))
-
-
 # --------------------------------------------------------------------------- filter
 
 
-def test_filter_pairs_counts_first_rule_hit():
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_lines_plain_and_gzip(tmp_path, gz):
+    path = _write(tmp_path / "a.en", b"\xef\xbb\xbfA dog runs .  \nTwo\tcats\r\nEnd", gz)  # BOM, CRLF, no final newline
+    assert read_lines(path) == ["A dog runs .", "Two\tcats", "End"]
+
+
+def test_read_lines_real_val(multi30k_mirror):
+    assert read_lines(multi30k_mirror / "val.en.gz") == _raw_lines(multi30k_mirror / "val.en.gz")
+
+
+def test_length_rule_names_the_first_rule_hit():
     cfg = DataConfig(min_words=2, max_words=5, max_ratio=2.0)
     pairs = [
         ("a", "b c"),  # too_short (src 1 word)
@@ -178,9 +167,8 @@ def test_filter_pairs_counts_first_rule_hit():
         ("a b c", "x y z"),  # kept
         ("a b", "w x y z"),  # ratio exactly 2.0: kept
     ]
-    kept, dropped = filter_pairs(pairs, cfg)
-    assert kept == [("a b c", "x y z"), ("a b", "w x y z")]
-    assert dropped == {"too_short": 2, "too_long": 1, "ratio": 1}
+    assert [length_rule(src, tgt, cfg) for src, tgt in pairs] == [
+        "too_short", "too_long", "ratio", "too_short", None, None]
 
 
 # --------------------------------------------------------------------------- prepare stage
@@ -254,7 +242,7 @@ def test_prepare_missing_raw_tells_user_to_fetch(tmp_path):
 
 def test_core_modules_import_no_orchestration():
     code = (
-        "import sys, aiayn.corpus, aiayn.tokenizer, aiayn.scoring, "
+        "import sys, aiayn.data.multi30k, aiayn.data.readers, aiayn.tokenizer, aiayn.evaluation.scoring, "
         "aiayn.stages.fetch, aiayn.stages.prepare, aiayn.stages.tokenize\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'dvc', 'mlflow'}))"
     )

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aiayn.checks import check_params, check_params_file
-from aiayn.config import ConfigError, DataConfig, Params, params_from_dict, registered_model_name
-from aiayn.corpus import CorpusError
+from aiayn.config.checks import check_params, check_params_file
+from aiayn.config.schema import ConfigError, DataConfig, Params, params_from_dict, registered_model_name
+from aiayn.data.readers import CorpusError
 from aiayn.data.sources import SOURCE_FILE, SUMS_FILE, multi30k_splits
 from aiayn.io import sha256_file
 from aiayn.recording import NullRun
@@ -606,7 +606,7 @@ def test_check_params_cross_fields():
 def test_aiayn_check_command(tmp_path):
     from typer.testing import CliRunner
 
-    from aiayn.cli import app
+    from aiayn.cli.main import app
 
     ok = CliRunner().invoke(app, ["check", "--params", str(REPO / "params.yaml"), "--root", str(REPO)])
     assert ok.exit_code == 0 and "ok" in ok.output
@@ -620,7 +620,7 @@ def test_aiayn_check_command(tmp_path):
 
 
 def test_stage_loader_refuses_a_config_with_problems(tmp_path):
-    from aiayn.checks import load_checked
+    from aiayn.config.checks import load_checked
 
     (tmp_path / "p.yaml").write_text(yaml.safe_dump({"data": {"test_splits": ["newstest2014"]}}))
     with pytest.raises(ConfigError, match=r"2 problem\(s\).*gate_split.*newstest2014"):

@@ -83,7 +83,7 @@ def test_the_report_says_when_dvc_repro_re_versioned_a_data_source():
 
 
 def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypatch):
-    """One rule names the corpus a run read, ``aiayn.lineage.corpus_input`` (the ``corpus`` stage's data
+    """One rule names the corpus a run read, ``aiayn.provenance.corpus_input`` (the ``corpus`` stage's data
     dependency in ``dvc.lock``), for MLflow's ``data.version``, the model card and the pipeline report. DVC
     records a corpus outside the project by its absolute path and hash, which the old rules dropped:
     ``data.version`` fell back to ``data.dvc``'s Multi30k (README: "your files may live anywhere"), the card
@@ -92,8 +92,8 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
     (it was named by the stage's snapshot, ``artifacts/corpus``, not by the path the user gave)."""
     from dvc.repo import Repo
 
-    from aiayn.config import load_params
-    from aiayn.lineage import corpus_input
+    from aiayn.config.schema import load_params
+    from aiayn.provenance import corpus_input
     from aiayn.stages import Layout
     from aiayn.stages.export import _data_hashes
     from aiayn.tracking.lineage import lineage_tags
@@ -157,12 +157,12 @@ def test_a_hub_dataset_is_named_by_the_snapshot_the_corpus_stage_made(tmp_path):
     """A Hugging Face hub dataset has no local data for DVC to hash (the corpus stage watches its loader,
     ``src/aiayn/data/hub.py``): its version is the stage's snapshot, ``artifacts/corpus``, where the old rule
     fell back to ``data.dvc``'s Multi30k for a run on, say, wmt/wmt14."""
-    from aiayn.lineage import corpus_input
+    from aiayn.provenance import corpus_input
     from aiayn.tracking.lineage import lineage_tags
 
     shutil.copy(REPO / "data.dvc", tmp_path / "data.dvc")
     (tmp_path / "dvc.lock").write_text(
-        "schema: '2.0'\nstages:\n  corpus:\n    cmd: python -m pipelines.stage corpus\n    deps:\n"
+        "schema: '2.0'\nstages:\n  corpus:\n    cmd: python -m pipelines.run_stage corpus\n    deps:\n"
         "    - path: src/aiayn/data/hub.py\n      hash: md5\n      md5: 8888bbbb\n"
         "    outs:\n    - path: artifacts/corpus\n      hash: md5\n      md5: 9999cccc.dir\n")
     assert corpus_input(tmp_path) == ("artifacts/corpus", "9999cccc.dir")
@@ -170,12 +170,12 @@ def test_a_hub_dataset_is_named_by_the_snapshot_the_corpus_stage_made(tmp_path):
 
 
 def test_dvc_hash_is_what_dvc_repro_records(tmp_path, monkeypatch):
-    """``aiayn.lineage.dvc_hash`` (a file's MD5, a folder's ``.dir`` manifest hash) equals the hashes a real
+    """``aiayn.provenance.dvc_hash`` (a file's MD5, a folder's ``.dir`` manifest hash) equals the hashes a real
     ``dvc repro`` writes into ``dvc.lock``, for a nested folder, a file and a dependency outside the project; and
     ``stage_paths`` reads the stage's data paths, its ``${...}`` template filled from ``params.yaml``."""
     from dvc.repo import Repo
 
-    from aiayn.lineage import dvc_hash, stage_paths
+    from aiayn.provenance import dvc_hash, stage_paths
 
     root, outside = tmp_path / "project", tmp_path / "mine"
     (outside / "sub").mkdir(parents=True)
@@ -214,7 +214,7 @@ def test_a_stage_run_is_tagged_with_what_it_read_and_wrote_not_the_run_befores(t
     ``aiayn <stage>`` runs outside DVC (``--params FILE``: the run of ``corpora/theirs`` below)."""
     from mlflow import MlflowClient
 
-    from aiayn.lineage import dvc_hash
+    from aiayn.provenance import dvc_hash
     from aiayn.tracking import Tracker
 
     for var in ("AIAYN_PARENT_RUN_ID", "AIAYN_TRACKING", "MLFLOW_TRACKING_URI"):
@@ -270,8 +270,8 @@ def test_the_model_card_names_the_data_on_disk_not_a_stale_lock(tmp_path):
     outside DVC (``aiayn prepare`` ... ``aiayn export``, README "one stage"): in a fresh clone the committed lock named
     the main job's Multi30k data for a model made from a corpus of one's own. Now it hashes what is on disk, and
     names the corpus of the config the stage ran with (``--params mine.yaml``), not ``params.yaml``'s."""
-    from aiayn.config import Params, load_params
-    from aiayn.lineage import dvc_hash
+    from aiayn.config.schema import Params, load_params
+    from aiayn.provenance import dvc_hash
     from aiayn.stages import Layout
     from aiayn.stages.export import _data_hashes
 
@@ -297,7 +297,7 @@ def test_the_source_dataset_is_the_corpus_the_stage_reads(tmp_path):
     """The train run's ``source`` dataset input was every ``*.dvc`` file's output, so a run on a corpus of one's own
     (``../extmine`` in the new-user trial) listed Multi30k as what it was trained from. Now it is the corpus the
     stage's config names, hashed now; Multi30k's is still described by ``data.dvc``'s record."""
-    from aiayn.lineage import dvc_hash
+    from aiayn.provenance import dvc_hash
     from aiayn.tracking.lineage import dvc_datasets
 
     for name in ("dvc.yaml", "data.dvc", "params.yaml"):
@@ -318,14 +318,14 @@ def test_a_stage_run_reads_each_file_of_its_lineage_once(tmp_path, monkeypatch):
     version, its source dataset) and each training file three times (its folder's hash, the dataset digest, a line
     count); the ``evaluate`` run the corpus twice (a dependency, its data version) and each test file three times.
     Seconds a stage on a corpus the size of WMT14's
-    (``benchmarks/lineage_reads.py``). Now each file is read once per run (``aiayn.lineage.Digests``), and what the
+    (``benchmarks/lineage_reads.py``). Now each file is read once per run (``aiayn.provenance.Digests``), and what the
     memo gives is what a fresh read gives."""
     import collections
     import pathlib
 
     from mlflow import MlflowClient
 
-    from aiayn.lineage import dvc_hash
+    from aiayn.provenance import dvc_hash
     from aiayn.stages import Layout, split_reads
     from aiayn.stages.evaluate import RECORD as EVALUATE
     from aiayn.stages.train import RECORD as TRAIN
@@ -373,7 +373,7 @@ def test_the_memo_rereads_a_changed_file_and_paths_are_named_one_way(tmp_path):
     fresh read; ``project_path`` is the one rule for naming a data path, inside the project or outside it."""
     import os
 
-    from aiayn.lineage import Digests, file_digest, project_path
+    from aiayn.provenance import Digests, file_digest, project_path
 
     f = tmp_path / "train.en"
     f.write_text("one\ntwo\n")
@@ -401,7 +401,7 @@ def test_dvc_hash_leaves_out_what_dvc_ignores_inside_the_project(tmp_path, monke
     sides equal a real ``dvc repro``'s lock, and ``source_corpus`` counts the files DVC counts."""
     from dvc.repo import Repo
 
-    from aiayn.lineage import dvc_hash
+    from aiayn.provenance import dvc_hash
     from aiayn.tracking.lineage import source_corpus
 
     def corpus(folder: Path) -> None:

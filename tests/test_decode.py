@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, model_preset
-from aiayn.decode import (
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, UNK_ID, model_preset
+from aiayn.inference.search import (
     Hypothesis,
     beam_search,
     beam_search_hypotheses,
@@ -21,7 +21,7 @@ from aiayn.decode import (
     length_penalty,
     max_output_lengths,
 )
-from aiayn.decoders import DecodeOptions, EagerDecoder
+from aiayn.inference.runtimes import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
 from support.model_wrappers import LogitBias
 
@@ -56,7 +56,7 @@ def padded_batch(lengths: list[int], seed: int) -> torch.Tensor:
 
 
 def reference_beam(model, src_row: torch.Tensor, *, beam_size: int, alpha: float, max_len: int) -> list[Hypothesis]:
-    """One sentence, no cache, plain Python lists: fairseq's rules (see aiayn.decode) spelled out."""
+    """One sentence, no cache, plain Python lists: fairseq's rules (see aiayn.inference.search) spelled out."""
     memory, mask = model.encode(src_row[None])
     beams = [([BOS_ID], 0.0)]
     finished: list[Hypothesis] = []

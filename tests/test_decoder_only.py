@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig, model_preset
-from aiayn.decode import beam_search, beam_search_hypotheses, greedy_decode
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, ModelConfig, model_preset
+from aiayn.inference.search import beam_search, beam_search_hypotheses, greedy_decode
 from aiayn.model import Transformer
 from aiayn.model.kv_cache import cache_bytes, cache_bytes_per_token
 from aiayn.model.transformer import DecoderOnlyLayer
@@ -53,7 +53,7 @@ def right_padded(gen: torch.Generator, lengths: list[int], width: int | None = N
 
 
 def src_batch(gen: torch.Generator, lengths: list[int], width: int | None = None) -> torch.Tensor:
-    """Sources as ``aiayn.batching.collate`` makes them: tokens, EOS, right padding."""
+    """Sources as ``aiayn.data.batching.collate`` makes them: tokens, EOS, right padding."""
     x = right_padded(gen, lengths, width)
     for b, n in enumerate(lengths):
         x[b, n - 1] = EOS_ID
@@ -293,8 +293,8 @@ def test_ctranslate2_refuses_decoder_only_by_name(tmp_path, monkeypatch):
     that reason and still measures the eager model."""
     pytest.importorskip("ctranslate2")
     from support import tiny
-    from aiayn.config import params_from_dict
-    from aiayn.quantize.converter import UnsupportedModelError, check_supported
+    from aiayn.config.schema import params_from_dict
+    from aiayn.export.ctranslate2 import UnsupportedModelError, check_supported
     from aiayn.stages import quantize as stage
 
     with pytest.raises(UnsupportedModelError, match="arch='decoder_only'"):
@@ -328,7 +328,7 @@ def test_training_decreases_loss_resumes_exactly_and_averages(tmp_path):
     from test_train import MODEL as ED_MODEL
     from test_train import cfg as train_cfg
 
-    from aiayn.batching import EpochBatchIterator
+    from aiayn.data.batching import EpochBatchIterator
     from aiayn.train import averaged_weights, train
 
     model_cfg = ED_MODEL.model_copy(update={"arch": "decoder_only"})

@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import load_file
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
-from aiayn.config import ConfigError, params_from_dict
-from aiayn.distributed import (SHUTDOWN_GRACE_S, World, agree, all_reduce_sum, rank_device, torchrun_command,
+from aiayn.config.schema import ConfigError, params_from_dict
+from aiayn.train.distributed import (SHUTDOWN_GRACE_S, World, agree, all_reduce_sum, rank_device, torchrun_command,
                                world_from_env)
-from aiayn.batching import EpochBatchIterator
+from aiayn.data.batching import EpochBatchIterator
 from aiayn.train import dropout_seed, train
 from test_train import MODEL, assert_bitwise_equal, cfg, synthetic_split, weights
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.config import model_preset
+from aiayn.config.schema import model_preset
 from aiayn.model import Transformer
 from aiayn.model.dropout import Dropout, dropout, keep_mask, quantized_p
 from aiayn.model.positions import RotaryPositions
@@ -102,7 +102,7 @@ def test_rotary_positions_as_one_complex_multiply_are_the_real_rotation(head_dim
 
 def test_the_trainer_steps_adam_with_torchs_fused_kernel(tmp_path):
     """One pass per parameter (``fused=True``) outside FSDP, whose DTensor shards keep the per-tensor loop."""
-    from aiayn.config import TrainConfig
+    from aiayn.config.schema import TrainConfig
     from aiayn.tokenizer import EncodedSplit
     from aiayn.train.trainer import Trainer
 
@@ -148,7 +148,7 @@ def _old_adam(trainer) -> None:
 def test_a_resumed_run_steps_with_the_fused_kernel_whatever_wrote_its_checkpoint(tmp_path, monkeypatch):
     """torch's load_state_dict takes each group's settings from the checkpoint, ``fused`` included: a run
     resumed from a checkpoint of the per-tensor loop (or of FSDP's ranks) would keep that loop."""
-    from aiayn.config import TrainConfig
+    from aiayn.config.schema import TrainConfig
     from aiayn.tokenizer import EncodedSplit
     from aiayn.train.trainer import Trainer
 
@@ -170,7 +170,7 @@ def test_a_checkpoint_of_another_step_arithmetic_is_not_resumed(monkeypatch):
     """The fingerprint holds ``STEP_ARITHMETIC``: a checkpoint written by the old step (torch's mask, Adam's loop)
     starts a fresh run instead of mixing two float orders in one model. Budgets stay out of it (a raised
     ``max_steps`` continues a run, README)."""
-    from aiayn.config import TrainConfig
+    from aiayn.config.schema import TrainConfig
     from aiayn.train import trainer as tr
 
     cfg = model_preset("tiny", vocab_size=16)

@@ -1,7 +1,7 @@
 """DVC sees every code change that can change a stage's output.
 
-For each ``dvc.yaml`` stage whose ``cmd`` runs ``python -m pipelines.stage <name>``, the
-stage's module (``pipelines.stages.stage_module``: ``aiayn.stages.<name>``, or
+For each ``dvc.yaml`` stage whose ``cmd`` runs ``python -m pipelines.run_stage <name>``, the
+stage's module (``pipelines.dag.stage_module``: ``aiayn.stages.<name>``, or
 ``monitoring.reference``) and everything it imports from ``aiayn`` and ``monitoring`` (transitively,
 imports inside functions included: read from the source with ``ast``, not from a run) must be
 covered by a ``deps`` entry (the file, or a folder above it). The only exceptions are the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.imports import imported_names
-from aiayn.checks import dvc_params_missing, dvc_problems  # noqa: E402
+from aiayn.config.checks import dvc_params_missing, dvc_problems  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -32,6 +32,8 @@ CANNOT_CHANGE_AN_OUTPUT = {
     "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",
     "aiayn/progress.py": "the progress bar and ETA log lines a stage shows: the terminal and the log, never a file",
     "monitoring/__init__.py": "package marker (a docstring)",
+    **{f"aiayn/{pkg}/__init__.py": "package marker (a docstring; test_docstring_only_packages)"
+       for pkg in ("config", "data", "evaluation", "inference", "export", "serving", "cli")},
 }
 
 
@@ -91,15 +93,15 @@ def stages() -> dict[str, dict]:
     return yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 
 
-STAGE_CMD = re.compile(r"python -m pipelines\.stage (\w+)")
+STAGE_CMD = re.compile(r"python -m pipelines\.run_stage (\w+)")
 
 
 @pytest.mark.parametrize("stage", sorted(stages()))
 def test_every_module_a_stage_imports_is_a_dependency(stage):
     spec = stages()[stage]
     match = STAGE_CMD.fullmatch(spec["cmd"].strip())
-    assert match, f"stage {stage}: cmd {spec['cmd']!r} is not `python -m pipelines.stage <name>`"
-    from pipelines.stages import stage_module
+    assert match, f"stage {stage}: cmd {spec['cmd']!r} is not `python -m pipelines.run_stage <name>`"
+    from pipelines.dag import stage_module
 
     entry = module_file(stage_module(match.group(1)))
     assert entry is not None, f"stage {stage}: no module {stage_module(match.group(1))}"
@@ -114,6 +116,17 @@ def test_every_module_a_stage_imports_is_a_dependency(stage):
     assert not missing, f"dvc.yaml stage {stage!r} imports {missing} but does not list them under deps"
 
 
+def test_docstring_only_packages():
+    """The package markers excused above hold a docstring and nothing else: code there would change outputs
+    without DVC seeing it."""
+    import ast
+
+    for rel in CANNOT_CHANGE_AN_OUTPUT:
+        if "test_docstring_only_packages" in CANNOT_CHANGE_AN_OUTPUT[rel]:
+            body = ast.parse((SRC / rel).read_text(encoding="utf-8")).body
+            assert [type(n) for n in body] == [ast.Expr], f"{rel} holds more than a docstring"
+
+
 def test_the_exceptions_are_real_modules():
     for rel in CANNOT_CHANGE_AN_OUTPUT:
         assert (_base(rel.split("/")[0]) / rel).is_file(), rel
@@ -122,7 +135,7 @@ def test_the_exceptions_are_real_modules():
 def test_closure_sees_imports_inside_functions(tmp_path):
     """The walker is not fooled by a lazy import (a stage importing a module inside ``run``)."""
     train = closure(module_file("aiayn.stages.train"))
-    assert SRC / "aiayn" / "config.py" in train and SRC / "aiayn" / "model" / "transformer.py" in train
+    assert SRC / "aiayn" / "config" / "schema.py" in train and SRC / "aiayn" / "model" / "transformer.py" in train
 
 
 def test_dvcignore_excludes_bytecode():
@@ -154,6 +167,6 @@ def test_aiayn_check_names_the_keys_dvc_would_refuse(tmp_path):
     assert "evaluate.bleu_tokenize, evaluate.length_norm" in line and "evaluate" in line and "train" in line
     assert dvc_problems(REPO / "params.yaml", REPO) == []
     assert dvc_problems(tmp_path / "params.yaml", tmp_path / "elsewhere") == []  # no dvc.yaml: nothing to say
-    out = subprocess.run([sys.executable, "-m", "aiayn.cli", "check"], cwd=tmp_path, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "aiayn.cli.main", "check"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "evaluate.length_norm" in out.stderr, out.stderr

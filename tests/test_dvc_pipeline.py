@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.stages import STAGES
+from pipelines.dag import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -46,12 +46,12 @@ def untrained_scores(root: Path, split: str) -> dict:
     project's evaluate settings on the prepared ``split`` (the score a pipeline that learned nothing gets)."""
     import torch
 
-    from aiayn.config import load_params
-    from aiayn.corpus import read_lines
+    from aiayn.config.schema import load_params
+    from aiayn.data.readers import read_lines
     from aiayn.model import Transformer
-    from aiayn.scoring import score
-    from aiayn.decoders import DecodeOptions, EagerDecoder
-    from aiayn.translate import Translator
+    from aiayn.evaluation.scoring import score
+    from aiayn.inference.runtimes import DecodeOptions, EagerDecoder
+    from aiayn.inference.translator import Translator
 
     params = load_params(root / "params.yaml")
     trained = Translator.from_dir(root / "artifacts" / "model", device="cpu")
@@ -181,7 +181,7 @@ def test_translate_cli_on_the_trained_bundle(project):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all("▁" not in line for line in lines)
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
 
     d = load_params(root / "params.yaml").data  # no flags, in the project: the evaluate stage's output, line for line
     split = d.test_splits[0]
@@ -203,7 +203,7 @@ def test_bytecode_caches_leave_dvc_status_clean(project):
     """Importing the package with bytecode writing on (what any normal Python use does) changes nothing."""
     root, env = project["root"], project["env"]
     bytecode_env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(root / "src")}
-    sh(sys.executable, "-c", "import aiayn.stages.train, aiayn.stages.evaluate, aiayn.cli", cwd=root, env=bytecode_env)
+    sh(sys.executable, "-c", "import aiayn.stages.train, aiayn.stages.evaluate, aiayn.cli.main", cwd=root, env=bytecode_env)
     sh(sys.executable, "-m", "compileall", "-q", "src", cwd=root, env=bytecode_env)
     assert list((root / "src" / "aiayn" / "model").glob("__pycache__/*.pyc")), "no bytecode was written"
     assert _stale_stages(root, env) == set()
@@ -211,13 +211,13 @@ def test_bytecode_caches_leave_dvc_status_clean(project):
 
 @pytest.mark.parametrize(("path", "old", "new", "stale", "fresh"), [
     # editing the tiny preset (the main job's model) makes train stale
-    ("src/aiayn/config.py", 'd_ff=512, n_layers=3', 'd_ff=768, n_layers=3', {"train", "evaluate"}, set()),
+    ("src/aiayn/config/schema.py", 'd_ff=512, n_layers=3', 'd_ff=768, n_layers=3', {"train", "evaluate"}, set()),
     # editing the evaluate stage makes evaluate stale, and leaves training alone
     ("src/aiayn/stages/evaluate.py", "import logging", "import logging  # edited", {"evaluate"},
      {"prepare", "tokenize", "train"}),
     # decoding is a dep of train too since training decodes the validation split (issue 25:
     # train.valid_bleu, early stopping and checkpoint choice on it), and of evaluate; never of the data stages
-    ("src/aiayn/decode.py", "import torch", "import torch  # edited", {"train", "evaluate"}, {"prepare", "tokenize"}),
+    ("src/aiayn/inference/search.py", "import torch", "import torch  # edited", {"train", "evaluate"}, {"prepare", "tokenize"}),
 ])
 def test_a_code_edit_makes_exactly_its_stages_stale(project, path, old, new, stale, fresh):
     root, env = project["root"], project["env"]
@@ -237,9 +237,9 @@ def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, mult
     """Issue 12's known failure kinds on real Multi30k, with the smoke pipeline's model and reference
     (2,000 training sentences): same-domain Flickr windows and small training resamples are not
     flagged, German/French and noisy English always are. The full-model numbers are in the README."""
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.stages import Layout
-    from aiayn.translate import Translator
+    from aiayn.inference.translator import Translator
     from monitoring.drift import check, load_reference
     from monitoring.reference import reference_dir
     from support.drift_inputs import insert_noise, read_split, upper, windows

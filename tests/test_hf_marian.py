@@ -16,17 +16,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from aiayn.batching import pad_batch  # noqa: E402
+from aiayn.data.batching import pad_batch  # noqa: E402
 from aiayn.checkpoint import save_model  # noqa: E402
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ConfigError, ModelConfig, params_from_dict  # noqa: E402
-from aiayn.hf_marian import (  # noqa: E402
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ConfigError, ModelConfig, params_from_dict  # noqa: E402
+from aiayn.export.hf_marian import (  # noqa: E402
     HF_MARIAN_DIR, MarianExportError, check_marian_supported, export_marian, generation_config, marian_logprobs,
     marian_translate_ids, sinusoid_permutation,
 )
 from aiayn.model.positions import sinusoid_table  # noqa: E402
 from aiayn.tokenizer import Tokenizer  # noqa: E402
-from aiayn.decoders import DecodeOptions, EagerDecoder  # noqa: E402
-from aiayn.translate import Translator  # noqa: E402
+from aiayn.inference.runtimes import DecodeOptions, EagerDecoder  # noqa: E402
+from aiayn.inference.translator import Translator  # noqa: E402
 
 from support import tiny  # noqa: E402
 
@@ -163,7 +163,7 @@ def test_variants_marian_cannot_express_are_refused_by_field(field, value):
 def test_refused_bundle_fails_the_cli_with_one_line(tok, tmp_path):
     from typer.testing import CliRunner
 
-    from aiayn.cli import app
+    from aiayn.cli.main import app
 
     model_dir = bundle(tmp_path / "model", tiny.model(tok, norm="pre"), tok)
     result = CliRunner().invoke(app, ["export-hf", "--model-dir", str(model_dir), "-o", str(tmp_path / "hf"),
@@ -181,7 +181,7 @@ def tiny_params(tmp_path: Path) -> Path:
 def test_cli_writes_the_folder_with_the_params_decoding(exported, tmp_path):
     from typer.testing import CliRunner
 
-    from aiayn.cli import app
+    from aiayn.cli.main import app
 
     result = CliRunner().invoke(app, ["export-hf", "--model-dir", str(exported["model_dir"]), "-o",
                                       str(tmp_path / "hf"), "--params", str(tiny_params(tmp_path))])
@@ -205,7 +205,7 @@ def test_export_params_are_checked():
 
 
 def test_export_stage_writes_the_folder_beside_the_bundle_only_when_asked(tok, tmp_path, monkeypatch):
-    from aiayn.export import BundlePredictor
+    from aiayn.inference.load import BundlePredictor
     from aiayn.stages import evaluate, export, quantize
 
     monkeypatch.setenv("AIAYN_TRACKING", "0")

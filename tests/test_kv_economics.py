@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.config import model_preset
+from aiayn.config.schema import model_preset
 from aiayn.model.kv_cache import KVCache, cache_bytes, cache_bytes_per_token
 
 _spec = importlib.util.spec_from_file_location("kv_cache_bench", Path(__file__).parents[1] / "benchmarks" / "kv_cache.py")

@@ -1,6 +1,6 @@
 """The house's layering, read from the source with ``ast`` (imports inside functions included):
 MLflow only in ``aiayn.tracking``, a core that reaches for no orchestrator, a monitor without Prefect,
-every ``AIAYN_*`` variable named in ``aiayn.settings`` only; and processes whose environment changes
+every ``AIAYN_*`` variable named in ``aiayn.config.settings`` only; and processes whose environment changes
 where they start, never on import.
 """
 
@@ -66,7 +66,7 @@ def test_the_monitor_imports_no_orchestrator(top):
     assert not importers((REPO / "monitoring",), top), f"monitoring imports {top}"
 
 
-@pytest.mark.parametrize("module", ["aiayn.stages", "aiayn.export", "aiayn.cli", "pipelines", "monitoring"])
+@pytest.mark.parametrize("module", ["aiayn.stages", "aiayn.export.bundle", "aiayn.cli.main", "pipelines", "monitoring"])
 def test_tracking_is_told_its_policy(module):
     """Tracking knows no pipeline: it is handed each stage's StageRecord."""
     assert not importers((TRACKING,), module), f"aiayn.tracking imports {module}"
@@ -90,10 +90,10 @@ def test_every_aiayn_variable_is_named_in_settings_only():
 
     name = re.compile(r"^AIAYN_[A-Z0-9_]+$")
     found = [f"{path.relative_to(REPO)}:{line}: {value}" for root in SCANNED for path in sorted(root.rglob("*.py"))
-             if path != SRC / "aiayn" / "settings.py"
+             if path != SRC / "aiayn" / "config" / "settings.py"
              for line, value in _code_strings(path) if name.match(value)]
-    assert not found, f"AIAYN_* variables named outside aiayn.settings: {found}"
-    from aiayn import settings
+    assert not found, f"AIAYN_* variables named outside aiayn.config.settings: {found}"
+    from aiayn.config import settings
 
     declared = {v for k, v in vars(settings).items() if k.endswith("_ENV")}
     assert {"AIAYN_TRACKING", "AIAYN_PARENT_RUN_ID", "AIAYN_DATA_MIRROR", "AIAYN_REGISTERED_MODEL"} <= declared
@@ -117,8 +117,8 @@ def _bare_env() -> dict[str, str]:
 
 
 def test_importing_the_packages_leaves_the_environment_alone():
-    modules = ["aiayn", "aiayn.cli", "aiayn.stages", "aiayn.tracking", "aiayn.recording", "pipelines",
-               "pipelines.stages", "pipelines.stage", "monitoring", "monitoring.commands"]
+    modules = ["aiayn", "aiayn.cli.main", "aiayn.stages", "aiayn.tracking", "aiayn.recording", "pipelines",
+               "pipelines.dag", "pipelines.run_stage", "monitoring", "monitoring.monitor_commands"]
     out = subprocess.run([sys.executable, "-c", ENV_AFTER, *modules], cwd=REPO, env=_bare_env(), capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -126,10 +126,10 @@ def test_importing_the_packages_leaves_the_environment_alone():
 
 
 def test_the_entry_points_set_the_process_defaults():
-    """``aiayn`` (``aiayn.cli.main``) sets OMP_WAIT_POLICY before torch loads; ``pipelines.stage``
+    """``aiayn`` (``aiayn.cli.main.main``) sets OMP_WAIT_POLICY before torch loads; ``pipelines.run_stage``
     also sets Prefect's and DVC's defaults; a value the user set wins."""
     code = ("import os, sys\n"
-            "from aiayn.cli import main\n"
+            "from aiayn.cli.main import main\n"
             "sys.argv = ['aiayn', '--help']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n")
@@ -141,7 +141,7 @@ def test_the_entry_points_set_the_process_defaults():
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.split()[-2:] == ["ACTIVE", "False"]
 
-    code = ("import os\nfrom pipelines import stage\n"
+    code = ("import os\nfrom pipelines import run_stage as stage\n"
             "try:\n    stage.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('DVC_NO_ANALYTICS'),"
             " os.environ.get('PREFECT_SERVER_ANALYTICS_ENABLED'))\n")
@@ -160,7 +160,7 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
     from unittest import mock
 
     from aiayn.host import host_info
-    from aiayn.settings import apply_process_defaults
+    from aiayn.config.settings import apply_process_defaults
 
     for isa, expected in ((("avx2", "fma", "avx512f"), "avx2"), (("avx2", "fma"), "avx2"), (("avx2",), None),
                           ((), None)):
@@ -182,7 +182,7 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
 
     if not {"avx2", "fma"} <= set(host_info(probe=False).isa):
         pytest.skip("this CPU has no AVX2: PyTorch picks its own kernels here")
-    code = ("from pipelines import stage\n"
+    code = ("from pipelines import run_stage as stage\n"
             "try:\n    stage.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "import torch\nprint(torch.backends.cpu.get_cpu_capability())\n"
             "import numpy, scipy.linalg\nfrom threadpoolctl import threadpool_info\n"
@@ -203,9 +203,10 @@ def test_mkl_is_held_to_avx2_in_the_fp32_stages_of_an_intel_cpu():
     import os
     from unittest import mock
 
-    from aiayn import cli, settings
-    from aiayn.settings import apply_process_defaults
-    from pipelines import stage as stage_main
+    from aiayn.cli import main as cli
+    from aiayn.config import settings
+    from aiayn.config.settings import apply_process_defaults
+    from pipelines import run_stage as stage_main
 
     avx512 = ("avx2", "fma", "avx512f")
     for isa, vendor, stage, expected in (
@@ -240,7 +241,7 @@ def test_mkl_is_held_to_avx2_in_the_fp32_stages_of_an_intel_cpu():
 _GEMM_BYTES = r"""
 import hashlib, os, sys
 if sys.argv[1] != "bare":
-    from pipelines import stage
+    from pipelines import run_stage as stage
     try:
         stage.main([sys.argv[1], "--help"])
     except SystemExit:
@@ -254,7 +255,7 @@ print(os.environ.get("MKL_CBWR"), hashlib.sha256((a @ b).numpy().tobytes()).hexd
 
 
 def test_the_train_stage_computes_the_gemm_bytes_of_an_avx2_only_cpu():
-    """A train stage process (``python -m pipelines.stage train``) on this host computes an fp32 GEMM's bytes as
+    """A train stage process (``python -m pipelines.run_stage train``) on this host computes an fp32 GEMM's bytes as
     MKL computes them on a CPU with AVX2 and nothing wider (``MKL_ENABLE_INSTRUCTIONS=AVX2``, what an AVX2-only
     Intel CPU runs); a quantize stage process leaves MKL its own choice. On an AVX-512 Xeon the train stage gave
     other bytes before (MKL's AVX-512 kernels; docs/benchmarks.md, "An Intel host")."""
@@ -281,7 +282,7 @@ def test_the_train_stage_computes_the_gemm_bytes_of_an_avx2_only_cpu():
 
 _COMPILED_EQUALS_EAGER = r"""
 import torch
-from aiayn.settings import apply_process_defaults
+from aiayn.config.settings import apply_process_defaults
 apply_process_defaults()
 torch.manual_seed(0)
 x, norm = torch.randn(8, 37, 32), torch.nn.LayerNorm(32)

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from aiayn.config import BOS_ID, PAD_ID, model_preset
+from aiayn.config.schema import BOS_ID, PAD_ID, model_preset
 from aiayn.model import KVCache, Transformer, select_backend, sinusoid_table
 from aiayn.model.attention import attend_reference, attend_sdpa, attend_triton
 

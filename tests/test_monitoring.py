@@ -14,10 +14,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from support import tiny
-from aiayn.config import MonitorConfig, Params
+from aiayn.config.schema import MonitorConfig, Params
 from aiayn.io import sha256_file
 from aiayn.tokenizer import EncodedSplit, save_encoded
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 from monitoring.descriptors import DESCRIPTORS, Pca, describe, source_side_table
 from monitoring.drift import (
     EXIT_CANNOT_RUN,
@@ -239,7 +239,7 @@ def test_text_window_rejects_bad_utf8_and_skips_blank_lines(tmp_path):
 
 
 def _log(path: Path, sentences: list[str], version: str = "3") -> None:
-    from aiayn.request_log import SqliteRequestLog as RequestLog
+    from aiayn.serving.request_log import SqliteRequestLog as RequestLog
 
     rl = RequestLog(path)
     t = time.time()
@@ -296,7 +296,7 @@ def test_aiayn_monitor_exit_codes(world, tmp_path, case, code):
     import yaml
     from typer.testing import CliRunner
 
-    from aiayn.cli import app
+    from aiayn.cli.main import app
 
     layout = world["layout"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"monitor": CFG.model_dump(mode="json")}))
@@ -321,7 +321,7 @@ def test_aiayn_monitor_json_prints_the_summary(world, tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from aiayn.cli import app
+    from aiayn.cli.main import app
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"monitor": CFG.model_dump(mode="json")}))
     (tmp_path / "w.txt").write_text("\n".join(_english(40, 3)) + "\n")

@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
-from aiayn.config import TrainConfig, model_preset
+from aiayn.config.schema import TrainConfig, model_preset
 from aiayn.model import Transformer
 from aiayn.train import train
 from aiayn.train.optim import NS_COEFFICIENTS, FP32Muon, MuonWithAdam, build_optimizer, muon_parameter

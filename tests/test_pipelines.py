@@ -3,7 +3,7 @@
 Fast tier: fetch/prepare/tokenize flows on the smoke configuration, retries of a
 transient I/O error (and none for other errors), a failing stage failing its flow
 with the stage's own message and leaving no partial output, ``python -m
-pipelines.stage`` exit codes, the report renderer and the deployment table.
+pipelines.run_stage`` exit codes, the report renderer and the deployment table.
 Slow tier: the ``pipeline`` flow (``dvc repro`` of all four real stages, push,
 markdown artifact) and a pipeline whose stage fails.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.stages import STAGES
+from pipelines.dag import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -101,7 +101,7 @@ def test_tokenize_flow_then_injected_failure_keeps_previous_output(smoke_root, m
 def test_stage_failure_fails_flow_with_stage_message(tmp_path, prefect_harness):
     """Prepare without a corpus: the flow fails with exactly the stage's own error text."""
     import aiayn.stages.prepare as prepare_stage
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.stages import Layout
     from pipelines.flows import prepare
 
@@ -116,8 +116,8 @@ def test_stage_failure_fails_flow_with_stage_message(tmp_path, prefect_harness):
 
 
 def test_stage_cli_exit_status_and_error_file(tmp_path, prefect_harness, capsys, monkeypatch):
-    from aiayn.settings import STAGE_ERROR_FILE_ENV
-    from pipelines import stage
+    from aiayn.config.settings import STAGE_ERROR_FILE_ENV
+    from pipelines import run_stage as stage
 
     (tmp_path / "params.yaml").write_text(SMOKE.read_text())
     error_file = tmp_path / "err.txt"
@@ -132,7 +132,7 @@ def test_stage_cli_exit_status_and_error_file(tmp_path, prefect_harness, capsys,
 
 
 def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_harness):
-    """What ``dvc repro`` runs (``python -m pipelines.stage``) on a missing corpus: the stage's own message once, as
+    """What ``dvc repro`` runs (``python -m pipelines.run_stage``) on a missing corpus: the stage's own message once, as
     ``aiayn prepare`` says it, without Prefect's task and flow tracebacks (an error of the input, not of the code;
     a bug still gets its traceback, as ``aiayn <stage>`` would)."""
     import os
@@ -142,7 +142,7 @@ def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_
     (tmp_path / "params.yaml").write_text(SMOKE.read_text())
     env = os.environ | {"PREFECT_API_URL": prefect_harness, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}",
                         "AIAYN_TRACKING": "0"}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.stage", "prepare", "--root", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "pipelines.run_stage", "prepare", "--root", str(tmp_path)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
@@ -154,7 +154,7 @@ def test_a_bad_input_under_dvc_is_one_line_not_two_tracebacks(tmp_path, prefect_
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg["evaluate"]["beam_size"] = 0
     bad.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "pipelines.stage", "prepare", "--root", str(tmp_path), "--params",
+    proc = subprocess.run([sys.executable, "-m", "pipelines.run_stage", "prepare", "--root", str(tmp_path), "--params",
                            str(bad)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "stage prepare failed: ConfigError:" in proc.stderr and "beam_size" in out, out
@@ -185,7 +185,7 @@ def test_fetch_retries_transient_io_error_then_succeeds(tmp_path, prefect_harnes
 
 def test_fetch_does_not_retry_a_checksum_error(tmp_path, prefect_harness, monkeypatch):
     import aiayn.stages.fetch as fetch_stage
-    from aiayn.corpus import CorpusError
+    from aiayn.data.readers import CorpusError
     from pipelines.flows import fetch
 
     attempts = []
@@ -241,7 +241,7 @@ def test_fetch_does_not_retry_a_full_disk_or_a_permission_error(tmp_path, prefec
 def test_download_retries_a_reset_but_not_a_full_disk(tmp_path, monkeypatch):
     import urllib.request
 
-    from aiayn import corpus
+    from aiayn.data import multi30k as corpus
 
     calls = []
 
@@ -271,7 +271,7 @@ def test_push_goes_to_the_remote_named_by_the_environment(tmp_path, prefect_harn
     from dvc.repo import Repo
     from prefect import flow
 
-    from aiayn.settings import DVC_REMOTE_ENV as REMOTE_ENV
+    from aiayn.config.settings import DVC_REMOTE_ENV as REMOTE_ENV
     from pipelines.pipeline import dvc_push
 
     root = tmp_path / "project"
@@ -343,7 +343,7 @@ def test_cluster_deployment_renders_a_gpu_job_manifest_without_a_cluster():
 
 
 def test_render_report_lists_every_test_set_with_signatures():
-    from aiayn.lineage import CorpusInput
+    from aiayn.provenance import CorpusInput
     from pipelines.pipeline import render_report
 
     metrics = {"test_2016_flickr": {"bleu": 35.123, "chrf": 61.0, "bleu_lc_tok": 37.996}, "test_2017_mscoco": {"bleu": 20.0, "chrf": 50.5, "bleu_lc_tok": 21.004}}
@@ -396,7 +396,7 @@ def test_hourly_drift_check_deployment_cancels_new_runs_while_one_runs(tmp_path)
     from pipelines.deploy import DeploymentSpec, build_deployments
 
     (hourly,) = [d for d in build_deployments(tmp_path) if d.name == "hourly"]
-    assert hourly.flow_name == "drift-check" and hourly.entrypoint == "pipelines.drift.drift"
+    assert hourly.flow_name == "drift-check" and hourly.entrypoint == "pipelines.drift_flow.drift"
     (schedule,) = hourly.schedules
     assert schedule.schedule.cron == "0 * * * *" and schedule.schedule.timezone == "UTC"
     assert hourly.concurrency_limit == 1
@@ -410,7 +410,7 @@ def test_hourly_drift_check_deployment_cancels_new_runs_while_one_runs(tmp_path)
 def test_drift_flow_fails_on_drift_and_completes_otherwise(tmp_path, prefect_harness, monkeypatch):
     """The flow's final state follows the check's verdict; every run leaves the markdown artifact."""
     import monitoring.drift as drift_mod
-    from pipelines.drift import drift
+    from pipelines.drift_flow import drift
 
     verdicts = {"drift": ({"verdict": "drift", "drifted": ["src_lang_score", "embeddings"]}, "Failed"),
                 "no_drift": ({"verdict": "no_drift"}, "Completed"),
@@ -583,7 +583,7 @@ def test_temporary_api_runs_in_its_own_session_and_dies_with_its_flow_process(tm
 @pytest.mark.slow
 @pytest.mark.parametrize("to", ["stage", "group"])
 def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root, to):
-    """`python -m pipelines.stage` cold-starts Prefect's temporary API from a plain shell; Ctrl-C in
+    """`python -m pipelines.run_stage` cold-starts Prefect's temporary API from a plain shell; Ctrl-C in
     train exits 130 with one line naming the checkpoint, and no traceback. ``group``: the SIGINT goes
     to the whole process group, as a terminal's Ctrl-C (or ``kill -INT -PGID``) does, so Prefect's
     temporary API server, a child of the stage, stops at the same moment; the stage must still exit
@@ -602,7 +602,7 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
     long = yaml.safe_load((smoke_root / "params.yaml").read_text())
     long["train"].update(max_steps=100_000, log_every=1, checkpoint_every=100_000, validate_every=100_000)
     (smoke_root / "long.yaml").write_text(yaml.safe_dump(long))
-    cmd = [sys.executable, "-m", "pipelines.stage", "train", "--params", "long.yaml", "--root", str(smoke_root)]
+    cmd = [sys.executable, "-m", "pipelines.run_stage", "train", "--params", "long.yaml", "--root", str(smoke_root)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     lines, deadline = [], time.monotonic() + 240

@@ -182,7 +182,7 @@ def test_nightly_deployment_runs_on_a_worker(prefect_server, services_env, tmp_p
 
     from pipelines.deploy import deploy
     from support.scratch import scratch_project
-    from pipelines.stages import STAGES
+    from pipelines.dag import STAGES
 
     root = scratch_project(tmp_path / "project", SMOKE)
     with temporary_settings(updates={PREFECT_API_URL: prefect_server}):

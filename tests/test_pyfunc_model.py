@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from support import tiny  # noqa: E402
-from aiayn.decoders import DecodeOptions  # noqa: E402
-from aiayn.export import BundlePredictor  # noqa: E402
+from aiayn.inference.runtimes import DecodeOptions  # noqa: E402
+from aiayn.inference.load import BundlePredictor  # noqa: E402
 
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
 

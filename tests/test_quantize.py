@@ -13,17 +13,17 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from aiayn.config import EOS_ID, ModelConfig, params_from_dict  # noqa: E402
-from aiayn.decode import max_output_lengths  # noqa: E402
-from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder  # noqa: E402
-from aiayn.batching import pad_batch  # noqa: E402
-from aiayn.quantize.checks import REJECTED, degenerate_lines, gate, max_run  # noqa: E402
-from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported  # noqa: E402
+from aiayn.config.schema import EOS_ID, ModelConfig, params_from_dict  # noqa: E402
+from aiayn.inference.search import max_output_lengths  # noqa: E402
+from aiayn.inference.runtimes import CT2Decoder, DecodeOptions, EagerDecoder  # noqa: E402
+from aiayn.data.batching import pad_batch  # noqa: E402
+from aiayn.quantize.gate import REJECTED, degenerate_lines, gate, max_run  # noqa: E402
+from aiayn.export.ctranslate2 import AiaynConverter, UnsupportedModelError, check_supported  # noqa: E402
 from aiayn.quantize.fake_quant import fake_quantize_int8  # noqa: E402
 from aiayn.quantize.int8 import ACCUMULATIONS, int8_accumulation, int8_logprobs  # noqa: E402
 from aiayn.stages import Layout  # noqa: E402
 from aiayn.tokenizer import Tokenizer  # noqa: E402
-from aiayn.translate import Translator  # noqa: E402
+from aiayn.inference.translator import Translator  # noqa: E402
 
 from support import tiny  # noqa: E402
 
@@ -154,7 +154,7 @@ def test_int8_saturating_path_is_what_onednn_computes_without_vnni(tok, tmp_path
     np.save(tmp_path / "tgts.npy", np.array(tgts, dtype=object), allow_pickle=True)
     code = f"""
 import json, numpy as np
-from aiayn.decoders import CT2Decoder
+from aiayn.inference.runtimes import CT2Decoder
 from aiayn.quantize.int8 import int8_accumulation
 from aiayn.tokenizer import Tokenizer
 tok = Tokenizer.load({str(tok.source)!r})
@@ -282,7 +282,7 @@ def test_unknown_new_model_field_is_refused(monkeypatch):
     cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, d_ff=64, n_layers=1)
     object.__setattr__(cfg, "dropout", 0.3)  # mapped field: fine
     check_supported(cfg)
-    monkeypatch.setattr("aiayn.quantize.converter._MAPPED_FIELDS", {"vocab_size", "d_model", "n_heads", "d_ff", "n_layers",
+    monkeypatch.setattr("aiayn.export.ctranslate2._MAPPED_FIELDS", {"vocab_size", "d_model", "n_heads", "d_ff", "n_layers",
                                                                     "dropout", "norm", "activation", "n_kv_heads"})
     with pytest.raises(UnsupportedModelError, match="max_positions|attention_backend|share_embeddings|attention_dropout"):
         check_supported(cfg.model_copy(update={"max_positions": 2048}))
@@ -333,7 +333,7 @@ def _params(**quantize):
     return params_from_dict({
         "data": {"test_splits": ["test_a", "test_b"]},
         # greedy: a random model runs every beam into its length cap, where CTranslate2's last step differs
-        # from ours (see aiayn.decoders); greedy parity is exact, so float32 delta is 0
+        # from ours (see aiayn.inference.runtimes); greedy parity is exact, so float32 delta is 0
         "evaluate": {"beam_size": 1, "max_len_b": 8},
         "quantize": {"gate_split": "test_a", "calibration_sentences": 16, "score_check_sentences": 8,
                      "attribution_sentences": 12, "throughput_batch1_sentences": 3, "throughput_batch32_sentences": 8,

@@ -140,7 +140,7 @@ def test_prefect_server_has_the_flow_runs_and_report(stack, pipeline_run):
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from pipelines.stages import STAGES
+    from pipelines.dag import STAGES
     from pipelines.pipeline import REPORT_KEY
 
     with SyncPrefectClient(stack["prefect"].api_url) as client:
@@ -198,8 +198,9 @@ NO_CREDS_CLIENT = r"""
 import json, sys
 from pathlib import Path
 import mlflow.pyfunc
-from aiayn.bundle import read_bundle_info
-from aiayn.export import BundlePredictor, register_bundle
+from aiayn.inference.artifacts import read_bundle_info
+from aiayn.inference.load import BundlePredictor
+from aiayn.export.bundle import register_bundle
 from aiayn.tracking import Tracker
 
 project, url, action = Path(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -1,4 +1,4 @@
-"""The recorder a stage is handed (``aiayn.recording``) and the settings it reads (``aiayn.settings``).
+"""The recorder a stage is handed (``aiayn.recording``) and the settings it reads (``aiayn.config.settings``).
 
 ``NullRecorder`` records nothing but checks every call like the MLflow recorder does (checked here
 against a ``Tracker`` with tracking off, which needs no store), so a stage tested with it logs the
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.recording import NULL_RECORDER, DatasetRead, NullRecorder, StageRecord
-from aiayn.settings import PARENT_RUN_ENV, Settings
+from aiayn.config.settings import PARENT_RUN_ENV, Settings
 from aiayn.stages import Layout, split_reads
 from aiayn.tracking import MlflowRecorder, Tracker
 
@@ -100,9 +100,9 @@ def test_settings_defaults_and_parsing():
 
 
 def test_registered_model_override_is_the_variable_as_given():
-    """Unset: None, so the export stage names the model after the pair (aiayn.config.registered_model_name);
+    """Unset: None, so the export stage names the model after the pair (aiayn.config.schema.registered_model_name);
     set (even empty, which registered_model_name refuses): the value."""
-    from aiayn.config import ConfigError, DataConfig, registered_model_name
+    from aiayn.config.schema import ConfigError, DataConfig, registered_model_name
 
     assert Settings.from_env({}).registered_model_override is None
     assert Settings.from_env({"AIAYN_REGISTERED_MODEL": "m"}).registered_model_override == "m"

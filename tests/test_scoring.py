@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from aiayn.corpus import read_lines
-from aiayn.scoring import ScoringError, score
+from aiayn.data.readers import read_lines
+from aiayn.evaluation.scoring import ScoringError, score
 
 
 def _reference_bleu(hyps: list[str], refs: list[str]) -> float:
@@ -85,7 +85,7 @@ def test_refuses_length_mismatch_and_empty():
 
 
 def test_bleu_tokenizer_follows_the_target_language():
-    from aiayn.scoring import bleu_tokenizer
+    from aiayn.evaluation.scoring import bleu_tokenizer
 
     assert bleu_tokenizer("de") == bleu_tokenizer("fr") == bleu_tokenizer("cs") == "13a"
     assert bleu_tokenizer("zh") == "zh"
@@ -108,7 +108,7 @@ def test_a_tokenizer_this_machine_lacks_is_refused_naming_the_need():
         pytest.skip("MeCab is installed here")
     except ImportError:
         pass
-    from aiayn.scoring import bleu_tokenizer
+    from aiayn.evaluation.scoring import bleu_tokenizer
 
     with pytest.raises(ScoringError, match=r"target language 'ja' needs sacreBLEU's ja-mecab tokenizer.*sacrebleu\[ja\]") as e:
         bleu_tokenizer("ja")

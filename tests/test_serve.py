@@ -19,16 +19,18 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from support import tiny  # noqa: E402
-from aiayn.config import params_from_dict  # noqa: E402
-from aiayn.bundle import EAGER, BundleError, ServingBundle, read_bundle_info  # noqa: E402
-from aiayn.decoders import DecodeOptions  # noqa: E402
-from aiayn.export import BundlePredictor, build_bundle, sentences_from_input  # noqa: E402
-from aiayn.export import register_bundle  # noqa: E402
+from aiayn.config.schema import params_from_dict  # noqa: E402
+from aiayn.inference.artifacts import EAGER, BundleError, read_bundle_info  # noqa: E402
+from aiayn.inference.load import ServingBundle  # noqa: E402
+from aiayn.inference.runtimes import DecodeOptions  # noqa: E402
+from aiayn.inference.load import BundlePredictor, sentences_from_input  # noqa: E402
+from aiayn.export.bundle import build_bundle  # noqa: E402
+from aiayn.export.bundle import register_bundle  # noqa: E402
 from aiayn.tracking import CHALLENGER, CHAMPION, choose_alias  # noqa: E402
 from aiayn.tracking.registry import PYFUNC_CODE_FILE, pyfunc_code  # noqa: E402
-from aiayn.request_log import SqliteRequestLog as RequestLog  # noqa: E402
-from aiayn.serve import LogWriteError, MicroBatcher, ServeConfig, ServedModel, create_app  # noqa: E402
-from aiayn.translate import Translator  # noqa: E402
+from aiayn.serving.request_log import SqliteRequestLog as RequestLog  # noqa: E402
+from aiayn.serving.app import LogWriteError, MicroBatcher, ServeConfig, ServedModel, create_app  # noqa: E402
+from aiayn.inference.translator import Translator  # noqa: E402
 
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)
 CARD = tiny.CARD
@@ -61,7 +63,7 @@ def test_alias_rule_champion_only_when_at_least_as_good():
 def test_a_model_whose_training_was_cut_is_never_made_champion():
     """A run cut by the clock or a signal is a failure (its model is not the configured one): the registry
     gives it ``challenger`` even with no champion yet or a better BLEU, and the export stage marks it so."""
-    from aiayn.config import TrainConfig
+    from aiayn.config.schema import TrainConfig
     from aiayn.stages.export import registry_provenance
     from aiayn.stages.train import budget_line
 
@@ -114,7 +116,7 @@ def test_bundle_translates_like_the_model_it_ships(world, kind):
     assert info["variant"] == ("ct2-float32" if kind == "ct2" else EAGER) and info["decode"]["beam_size"] == 2
     src = world["en"][:12] + ["", "a \u2603 man"]  # blank line and an unknown character follow the shared rules
     # eager: our beam search itself; CTranslate2 float32: greedy is exact (a random model's beams run into
-    # the length cap, where CTranslate2's last step differs: aiayn.decoders)
+    # the length cap, where CTranslate2's last step differs: aiayn.inference.runtimes)
     opts = OPTIONS if kind == "eager" else DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=6)
     got = tr.translate(src, opts)
     assert got == world["model"].translate(src, opts)
@@ -142,7 +144,7 @@ def test_bad_bundles_are_refused_with_a_message(world, tmp_path):
 
 
 def _register(store: str, root: Path, bundle: Path, bleu: float, cut: str | None = None) -> dict:
-    from aiayn.config import TrainConfig
+    from aiayn.config.schema import TrainConfig
     from aiayn.stages.export import registry_provenance
     from aiayn.stages.train import budget_line
     from aiayn.tracking import Tracker
@@ -284,7 +286,7 @@ def test_a_failed_prune_rolls_back_and_pruned_text_leaves_the_file(tmp_path):
 
 
 def test_the_log_is_opened_by_path_or_url_and_read_only_opens_create_nothing(tmp_path):
-    from aiayn.request_log import PostgresRequestLog, RequestLogError, open_request_log, redact
+    from aiayn.serving.request_log import PostgresRequestLog, RequestLogError, open_request_log, redact
 
     with open_request_log(f"sqlite:///{tmp_path / 'a.db'}") as rl:
         assert isinstance(rl, RequestLog) and rl.counts() == {"requests": 0, "sentences": 0}
@@ -486,7 +488,7 @@ def test_no_scores_skips_the_scoring_pass_and_keeps_the_translations(world, tmp_
     without the teacher-forced pass (``score_ids`` never called); an ``n_best`` request is still scored."""
     from dataclasses import replace
 
-    from aiayn.decoders import CT2Decoder
+    from aiayn.inference.runtimes import CT2Decoder
 
     calls = []
     real = CT2Decoder.score_ids

@@ -27,7 +27,7 @@ pytest.importorskip("ctranslate2")
 
 from support import tiny  # noqa: E402
 from support.services import wait_for  # noqa: E402
-from aiayn.decoders import DecodeOptions  # noqa: E402
+from aiayn.inference.runtimes import DecodeOptions  # noqa: E402
 
 BIN = Path(sys.executable).parent
 OPTIONS = DecodeOptions(beam_size=2, max_len_a=1.0, max_len_b=6)

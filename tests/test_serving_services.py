@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from support import tiny  # noqa: E402
-from aiayn.decoders import DecodeOptions  # noqa: E402
-from aiayn.export import BundlePredictor  # noqa: E402
+from aiayn.inference.runtimes import DecodeOptions  # noqa: E402
+from aiayn.inference.load import BundlePredictor  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -34,7 +34,7 @@ def world(tmp_path_factory):
     bundle = tiny.serving_bundle(root, OPTIONS)
     store = f"sqlite:///{root / 'mlflow.db'}"
     from aiayn.tracking import Tracker
-    from aiayn.export import register_bundle
+    from aiayn.export.bundle import register_bundle
 
     with Tracker("export", project_root=root, tracking_uri=store, end_pipeline=True) as t:
         assert register_bundle(t, bundle, name="aiayn-en-de", variant="ct2-float32", gate_split="test_a",
@@ -164,7 +164,7 @@ def test_two_replicas_on_postgres_log_every_answer_exactly_once(world, tmp_path)
     database."""
     from support.services import Postgres
 
-    from aiayn.request_log import open_request_log
+    from aiayn.serving.request_log import open_request_log
     from monitoring.drift import read_log_window
 
     pg = Postgres(tmp_path / "pg")

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig, Params, TokenizerConfig
-from aiayn.corpus import CorpusError, fetch_corpus, read_lines
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataConfig, Params, TokenizerConfig
+from aiayn.data.readers import CorpusError, read_lines
+from aiayn.data.multi30k import fetch_corpus
 from aiayn.stages import Layout
 from aiayn.stages import prepare as prepare_stage
 from aiayn.stages import tokenize as tokenize_stage
@@ -284,8 +285,11 @@ def test_sampled_tokenizer_training_is_seeded(tmp_path):
         TokenizerConfig(input_sentence_size=50)
 
 
-def test_iter_lines_is_read_lines_streamed(multi30k_mirror, tmp_path):
-    from aiayn.corpus import iter_lines
+def test_iter_line_chunks_is_read_lines_streamed(multi30k_mirror, tmp_path):
+    from aiayn.data.readers import iter_line_chunks
+
+    def iter_lines(path):  # chunks of 2 lines: a problem in the second chunk is named at its own line
+        return (line for chunk in iter_line_chunks(path, 2) for line in chunk)
 
     assert list(iter_lines(multi30k_mirror / "val.de.gz")) == read_lines(multi30k_mirror / "val.de.gz")
     (tmp_path / "x").write_bytes(b"\xef\xbb\xbfone\ntwo\n\nfour\n")

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from aiayn import tracking
-from aiayn.config import load_params
-from aiayn.lineage import dvc_data_hashes, git_commit
+from aiayn.config.schema import load_params
+from aiayn.provenance import dvc_data_hashes, git_commit
 from aiayn.recording import StageRecord
 from aiayn.stages import Layout, split_reads
 from aiayn.tracking import STATE_FILE, Tracker, end_pipeline_run, resolve_tracking_uri
-from pipelines.stages import STAGES, stage_module
+from pipelines.dag import STAGES, stage_module
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
@@ -639,7 +639,7 @@ def test_data_version_is_the_corpus_the_run_read(tmp_path: Path) -> None:
     (tmp_path / "data.dvc").write_text(DATA_DVC)
     assert lineage_tags(tmp_path)["data.version"] == "5555eeee.dir"  # no dvc.lock yet: data.dvc's
     (tmp_path / "dvc.lock").write_text(
-        "schema: '2.0'\nstages:\n  corpus:\n    cmd: python -m pipelines.stage corpus\n    deps:\n"
+        "schema: '2.0'\nstages:\n  corpus:\n    cmd: python -m pipelines.run_stage corpus\n    deps:\n"
         "    - path: corpora/mine\n      hash: md5\n      md5: 7777aaaa.dir\n"
         "    - path: src/aiayn/stages/corpus.py\n      hash: md5\n      md5: 8888bbbb\n"
         "    outs:\n    - path: artifacts/corpus\n      hash: md5\n      md5: 9999cccc.dir\n")

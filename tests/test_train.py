@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.batching import EpochBatchIterator, make_batches
+from aiayn.data.batching import EpochBatchIterator, make_batches
 from aiayn.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from aiayn.config import PAD_ID, ModelConfig, TrainConfig
+from aiayn.config.schema import PAD_ID, ModelConfig, TrainConfig
 from aiayn.tokenizer import EncodedSplit
 from aiayn.train import (
     inverse_sqrt_lr,

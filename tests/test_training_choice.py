@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from aiayn.checkpoint import checkpoint_step, list_checkpoints, load_checkpoint
-from aiayn.config import ModelConfig, TokenizerConfig, TrainConfig
-from aiayn.decoders import DecodeOptions
+from aiayn.config.schema import ModelConfig, TokenizerConfig, TrainConfig
+from aiayn.inference.runtimes import DecodeOptions
 from aiayn.tokenizer import EncodedSplit, Tokenizer, train_tokenizer
 from aiayn.train import EarlyStopper, select_weights, train, validation_loss
 from aiayn.train.validation import BleuValidator, sample_indices
@@ -100,7 +100,7 @@ def test_bleu_sample_is_fixed_by_its_seed(task):
 
 def test_validation_bleu_uses_the_given_bleu_tokenizer(task, monkeypatch):
     """Validation BLEU is scored with the tokenizer it is given (the train stage passes the target language's,
-    ``aiayn.scoring.bleu_tokenizer``, as evaluate does); 13a by default."""
+    ``aiayn.evaluation.scoring.bleu_tokenizer``, as evaluate does); 13a by default."""
     import aiayn.train.validation as validation
     from aiayn.model import Transformer
 
@@ -290,7 +290,7 @@ def test_best_keeps_the_best_validated_checkpoint_on_disk(task, tmp_path):
 
 
 def test_epoch_checkpoints_are_the_averaging_schedule(task, tmp_path):
-    from aiayn.batching import make_batches
+    from aiayn.data.batching import make_batches
 
     _, model_cfg, tr, va, _, _ = task
     ends = np.cumsum([len(make_batches(tr.src_lengths, tr.tgt_lengths, 96, data_seed=5, epoch=e)) for e in (1, 2, 3)])
@@ -323,7 +323,7 @@ def test_budget_line_says_cut_first():
 def test_wu2021_config_is_the_recipe_as_written():
     from pathlib import Path
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
     from aiayn.train import inverse_sqrt_lr
 
     p = load_params(Path(__file__).resolve().parents[1] / "configs" / "multi30k_wu2021.yaml")
@@ -343,7 +343,7 @@ def test_wu2021_on_their_text_is_the_same_recipe_but_the_text():
     dictionary size): every other resolved parameter must stay configs/multi30k_wu2021.yaml's."""
     from pathlib import Path
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     ours = load_params(configs / "multi30k_wu2021.yaml").model_dump()
@@ -375,7 +375,7 @@ def test_their_text_benchmark_writes_a_moses_corpus_and_scores_only_lowercased_r
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import wu2021_their_text as bench
 
-    from aiayn.config import CorpusConfig, DataConfig
+    from aiayn.config.schema import CorpusConfig, DataConfig
     from aiayn.data.sources import available_splits
 
     raw = tmp_path / "raw"
@@ -407,8 +407,8 @@ def test_their_text_benchmark_writes_a_moses_corpus_and_scores_only_lowercased_r
 
 
 def test_fairseq_length_normalisation_is_a_knob_with_the_paper_as_default():
-    from aiayn.config import EvalConfig
-    from aiayn.decode import length_penalty
+    from aiayn.config.schema import EvalConfig
+    from aiayn.inference.search import length_penalty
 
     assert EvalConfig().length_norm == "gnmt" and DecodeOptions().length_norm == "gnmt"
     assert length_penalty(4, 1.0, "fairseq") == 4.0 and length_penalty(4, 0.6) == pytest.approx((9 / 6) ** 0.6)
@@ -417,7 +417,7 @@ def test_fairseq_length_normalisation_is_a_knob_with_the_paper_as_default():
 
 
 def test_moses_bleu_is_their_tokenization_of_lowercased_text():
-    from aiayn.moses_bleu import lc_norm_tok, score_moses
+    from aiayn.evaluation.moses_bleu import lc_norm_tok, score_moses
 
     line = "Ein Mann „sitzt“ auf dem Stuhl & isst 3,5 Äpfel."
     assert lc_norm_tok([line], "de") == ['ein mann &quot; sitzt &quot; auf dem stuhl &amp; isst 3,5 äpfel .']
@@ -437,8 +437,8 @@ def test_evaluate_scores_their_convention_against_the_fetched_reference_when_the
     """``stages.evaluate.score_split`` (the evaluate stage's and benchmarks/checkpoint_choice.py's scoring):
     ``bleu_moses_lc_tok`` only with ``evaluate.moses_bleu``; against ``data/multi30k/tok/{split}.lc.norm.tok.{lang}``
     when ``aiayn fetch --tok-references`` put it there, else against the references put through the same steps."""
-    from aiayn.config import Params
-    from aiayn.moses_bleu import tok_reference
+    from aiayn.config.schema import Params
+    from aiayn.evaluation.moses_bleu import tok_reference
     from aiayn.stages import Layout
     from aiayn.stages.evaluate import score_split
 

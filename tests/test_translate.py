@@ -26,15 +26,15 @@ from typer.testing import CliRunner
 import aiayn as aiayn_package
 
 from aiayn.checkpoint import CheckpointError, save_model
-from aiayn.cli import app
-from aiayn.config import EOS_ID, UNK_ID, EvalConfig, TokenizerConfig, model_preset
-from aiayn.corpus import read_lines
-from aiayn.decode import beam_search, greedy_decode
-from aiayn.decoders import DecodeOptions, EagerDecoder
+from aiayn.cli.main import app
+from aiayn.config.schema import EOS_ID, UNK_ID, EvalConfig, TokenizerConfig, model_preset
+from aiayn.data.readers import read_lines
+from aiayn.inference.search import beam_search, greedy_decode
+from aiayn.inference.runtimes import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
-from aiayn.textio import InputError, clean_line, read_input, split_lines, split_long
+from aiayn.inference.text import InputError, clean_line, read_input, split_lines, split_long
 from aiayn.tokenizer import Tokenizer, train_tokenizer
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 from support.model_wrappers import LogitBias
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def env() -> dict[str, str]:
 
 
 def aiayn(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import torch; torch.set_num_threads(1); from aiayn.cli import app; app()", *args]
+    return [sys.executable, "-c", "import torch; torch.set_num_threads(1); from aiayn.cli.main import app; app()", *args]
 
 
 def long_line(n_sentences: int, seed: int = 0) -> str:
@@ -513,7 +513,7 @@ def test_cli_bundle_translates_as_the_service_does(bundle, translator, tmp_path)
     from types import SimpleNamespace
 
     from support import tiny
-    from aiayn.export import BundlePredictor
+    from aiayn.inference.load import BundlePredictor
 
     ct2 = tiny.ct2_bundle(tmp_path, SimpleNamespace(model=bundle), translator.tokenizer,
                           DecodeOptions(beam_size=2, max_len_b=5))
@@ -627,7 +627,7 @@ def test_cli_2000_defective_lines_in_order(bundle, translator, tmp_path):
 def test_evaluate_stage_uses_device_and_long_policy(bundle, tmp_path, monkeypatch):
     import shutil
 
-    from aiayn.config import params_from_dict
+    from aiayn.config.schema import params_from_dict
     from aiayn.stages import Layout
     from aiayn.stages import evaluate as evaluate_stage
 

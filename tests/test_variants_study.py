@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import variants  # noqa: E402
 
-from aiayn.config import load_params  # noqa: E402
+from aiayn.config.schema import load_params  # noqa: E402
 from aiayn.model import Transformer  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def test_set_flags_append_keys_params_yaml_lacks():
 def test_the_paper_baseline_is_the_papers_model_whatever_params_yaml_picks(monkeypatch):
     """params.yaml's model is pre-norm with rotary positions (the main job's): the study's "paper" runs must still be
     post-norm sinusoidal, and each variant differs from them in its own fields only."""
-    from aiayn.config import ModelConfig
+    from aiayn.config.schema import ModelConfig
 
     defaults = ModelConfig()
     paper = variants.model_overrides("paper")

@@ -21,7 +21,7 @@ CREATE ROLE :"prefect_user" LOGIN PASSWORD :'prefect_password';
 CREATE DATABASE prefect OWNER :"prefect_user";
 REVOKE ALL ON DATABASE prefect FROM PUBLIC;
 
--- the request log of the serve replicas (aiayn.request_log creates its tables on first start)
+-- the request log of the serve replicas (aiayn.serving.request_log creates its tables on first start)
 CREATE ROLE :"serving_user" LOGIN PASSWORD :'serving_password';
 CREATE DATABASE serving OWNER :"serving_user";
 REVOKE ALL ON DATABASE serving FROM PUBLIC;

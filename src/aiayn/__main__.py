@@ -1,5 +1,5 @@
 """``python -m aiayn``: the ``aiayn`` command."""
 
-from aiayn.cli import main
+from aiayn.cli.main import main
 
 main()

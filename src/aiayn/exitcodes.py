@@ -1,4 +1,4 @@
-"""Process exit statuses that mean the same thing in every entry point (``aiayn`` CLI, ``pipelines.stage``).
+"""Process exit statuses that mean the same thing in every entry point (``aiayn`` CLI, ``pipelines.run_stage``).
 
 Shells report a process killed by signal ``N`` as ``128 + N``; a command that catches the
 signal, cleans up (the train loop writes a checkpoint) and exits by itself uses the same
@@ -37,5 +37,5 @@ def training_was_cut(budget: str | None) -> bool:
 def cut_warning_markdown(budget: str | None) -> list[str]:
     """The Markdown lines a document about a run opens with when its training was cut (``training_was_cut``):
     ``> **WARNING: training <budget>**`` and a blank line; none otherwise. The model card
-    (``aiayn.export.render_card``) and the pipeline's closing report both open this way."""
+    (``aiayn.export.model_card.render_card``) and the pipeline's closing report both open this way."""
     return [f"> **WARNING: training {budget}**", ""] if training_was_cut(budget) else []

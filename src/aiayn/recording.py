@@ -138,7 +138,7 @@ class StageRun(Protocol):
 
     def register_transformers_model(self, hf_dir: str | Path, *, name: str, alias: str | None, task: str,
                                     example: list[str]) -> str | None:
-        """Register a Hugging Face model folder (``aiayn.hf_marian``) with MLflow's ``transformers`` flavor
+        """Register a Hugging Face model folder (``aiayn.export.hf_marian``) with MLflow's ``transformers`` flavor
         as a version of ``name`` with ``alias``; returns the version, or None when nothing was registered.
         Raises ``FileNotFoundError`` when ``hf_dir`` has no ``config.json``."""
 

@@ -3,7 +3,7 @@
 One sentencepiece model (Kudo & Richardson 2018) is trained over both sides of
 the training text, so source and target share one vocabulary — the shared
 embedding matrix of paper Section 3.4 needs that. Special ids are fixed for
-every model: ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3`` (``aiayn.config``).
+every model: ``PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3`` (``aiayn.config.schema``).
 
 Training is deterministic: all sentences are used in file order (no sampling,
 no shuffling; or, with ``input_sentence_size``, a seeded sample), a fixed thread
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenizerConfig
-from aiayn.corpus import iter_line_chunks
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenizerConfig
+from aiayn.data.readers import iter_line_chunks
 from aiayn.io import atomic_path, atomic_write_bytes, atomic_write_text
 
 __all__ = [
@@ -68,7 +68,7 @@ class TokenizerError(ValueError):
 def train_tokenizer(text_files: list[Path], model_prefix: Path, cfg: TokenizerConfig) -> Path:
     """Train a joint sentencepiece model on the lines of ``text_files``.
 
-    ``text_files`` are streamed with ``aiayn.corpus.iter_line_chunks`` (UTF-8 or gzip, validated, NFC) and
+    ``text_files`` are streamed with ``aiayn.data.readers.iter_line_chunks`` (UTF-8 or gzip, validated, NFC) and
     concatenated in the order given; with ``cfg.input_sentence_size`` N > 0, sentencepiece trains on N
     of them drawn by its reservoir sampler, seeded (``SAMPLE_SEED``) so the same text gives the same
     model; 0 trains on every line (no sampling, no shuffling). Writes ``{model_prefix}.model``
@@ -298,7 +298,7 @@ def encode_files(tok: "Tokenizer", src_path: Path, tgt_path: Path, directory: st
                  *, chunk: int = ENCODE_CHUNK) -> "EncodedSplit":
     """Encode two aligned text files into the four ``.npy`` files of ``split`` in ``directory``, streaming.
 
-    Lines are read ``chunk`` at a time (``aiayn.corpus.iter_line_chunks``, one chunk ahead on a helper
+    Lines are read ``chunk`` at a time (``aiayn.data.readers.iter_line_chunks``, one chunk ahead on a helper
     thread), encoded by sentencepiece's own
     batched, multi-threaded ``encode`` and appended to the id file, so memory holds one chunk and the
     ``(n + 1,)`` offsets, never the corpus. The files are byte for byte what

@@ -1,7 +1,7 @@
 """One rank of the distributed-training tests (tests/test_distributed.py), launched by torchrun.
 
 ``python -m torch.distributed.run --standalone --nproc_per_node N ... -m support.ddp_worker
-OUT CKPT MAX_STEPS GRAD_ACCUM [HOLD_AT]`` (``aiayn.distributed.torchrun_command``; ``tests`` on ``PYTHONPATH``)
+OUT CKPT MAX_STEPS GRAD_ACCUM [HOLD_AT]`` (``aiayn.train.distributed.torchrun_command``; ``tests`` on ``PYTHONPATH``)
 
 Trains test_train's synthetic task with ``train(..., world=world_from_env())``; rank 0 writes
 ``OUT/weights.safetensors`` and ``OUT/steps.json`` ({step: [loss, tokens, grad_norm]}) and
@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import save_file
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
-from aiayn.distributed import init_process_group, world_from_env
-from aiayn.settings import Settings
+from aiayn.train.distributed import init_process_group, world_from_env
+from aiayn.config.settings import Settings
 from aiayn.train import train
 from test_train import MODEL, cfg, synthetic_split
 

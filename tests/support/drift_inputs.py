@@ -27,8 +27,8 @@ NOISE_ALPHABET = string.ascii_letters + string.digits + string.punctuation
 
 
 def read_split(corpus_dir: str | Path, split: str, lang: str) -> list[str]:
-    """Sentences of ``<corpus_dir>/<split>.<lang>.gz`` (validated, NFC; ``aiayn.corpus.read_lines``)."""
-    from aiayn.corpus import read_lines
+    """Sentences of ``<corpus_dir>/<split>.<lang>.gz`` (validated, NFC; ``aiayn.data.readers.read_lines``)."""
+    from aiayn.data.readers import read_lines
 
     return read_lines(Path(corpus_dir) / f"{split}.{lang}.gz")
 

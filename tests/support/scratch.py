@@ -32,11 +32,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 def resolved_params_yaml(params_path: str | Path) -> str:
     """``params.yaml`` text with every field of ``load_params(params_path)`` written out.
 
-    Raises ``aiayn.config.ConfigError`` for an invalid params file.
+    Raises ``aiayn.config.schema.ConfigError`` for an invalid params file.
     """
     import yaml
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
 
     resolved = load_params(params_path).model_dump(mode="json")
     preset = resolved.pop("model_preset")
@@ -69,7 +69,7 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
     """
     from dvc.repo import Repo
 
-    from aiayn.config import load_params
+    from aiayn.config.schema import load_params
 
     dest, source, params = Path(dest).resolve(), Path(source).resolve(), Path(params)
     if dest.exists() and any(dest.iterdir()):

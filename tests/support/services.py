@@ -98,7 +98,7 @@ def require(binary: str, *, hint: str) -> str:
     if found:
         return found
     message = f"{binary} not found: {hint}"
-    from aiayn.settings import Settings
+    from aiayn.config.settings import Settings
 
     if Settings.from_env().require_services:
         pytest.fail(message)

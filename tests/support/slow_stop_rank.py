@@ -1,5 +1,5 @@
 """A rank that takes ``STOP_S`` seconds to stop after SIGTERM, as a rank writing a big checkpoint does
-(tests/test_distributed.py, the launcher's grace). Launched by ``aiayn.distributed.torchrun_command``.
+(tests/test_distributed.py, the launcher's grace). Launched by ``aiayn.train.distributed.torchrun_command``.
 
 ``python -m support.slow_stop_rank OUT``: writes ``OUT/ready.<rank>``, waits for SIGTERM, works
 ``STOP_S`` seconds, then writes ``OUT/stopped.<rank>``. No process group: only the launcher is tested.

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 
 from aiayn.checkpoint import save_model
-from aiayn.config import TokenizerConfig, model_preset
-from aiayn.decoders import DecodeOptions, EagerDecoder
+from aiayn.config.schema import TokenizerConfig, model_preset
+from aiayn.inference.runtimes import DecodeOptions, EagerDecoder
 from aiayn.model import Transformer
 from aiayn.stages import Layout
 from aiayn.tokenizer import Tokenizer, train_tokenizer
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 from support.services import free_port  # noqa: F401 (tests call tiny.free_port())
 
 WORDS = "a man woman dog cat runs jumps in the park street red blue big small two three children play with ball".split()
@@ -71,10 +71,10 @@ CARD = {"name": "aiayn-test", "description": "tiny", "why": "test", "scores": {"
 
 
 def ct2_bundle(root: Path, layout: Layout, tok: Tokenizer, decode: DecodeOptions, name: str = "bundle-ct2") -> Path:
-    """A serving bundle (``aiayn.export``) of ``layout``'s model converted to CTranslate2 float32."""
-    from aiayn.bundle import ModelBundle
-    from aiayn.export import build_bundle
-    from aiayn.quantize.converter import AiaynConverter
+    """A serving bundle (``aiayn.export.bundle``) of ``layout``'s model converted to CTranslate2 float32."""
+    from aiayn.inference.artifacts import ModelBundle
+    from aiayn.export.bundle import build_bundle
+    from aiayn.export.ctranslate2 import AiaynConverter
 
     model = ModelBundle.load(layout.model, device="cpu").model
     AiaynConverter(model, tok).convert(str(root / f"{name}-ct2"), quantization="float32", force=True)

@@ -5,7 +5,7 @@ datasets`` costs seconds). A dataset is exported split by split to JSONL in Hugg
 translation shape (``aiayn.data.readers.JsonlPairs`` reads it back), gzip with a zero mtime so the
 same rows give the same bytes (and the same DVC hash).
 
-Errors: ``aiayn.corpus.CorpusError``, one line saying what is needed: the package, network access to
+Errors: ``aiayn.data.readers.CorpusError``, one line saying what is needed: the package, network access to
 the hub (or its cache, or a local copy), a split or language the dataset does not have (naming the
 ones it has), a sacreBLEU test set or pair that does not exist.
 """
@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import CorpusConfig
-from aiayn.corpus import CorpusError
+from aiayn.config.schema import CorpusConfig
+from aiayn.data.readers import CorpusError
 
 __all__ = ["load_hf", "hf_identity", "export_hf_split", "sacrebleu_files", "GZIP_LEVEL"]
 

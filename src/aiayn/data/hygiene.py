@@ -4,7 +4,7 @@ Train pairs, rules tried in ``TRAIN_RULES`` order (a dropped pair counts under t
 
 ``empty``         a side is empty or whitespace only (WMT and OPUS corpora have them)
 ``control_char``  a side holds a control character (tab excepted) or U+2028/U+2029
-``too_short``, ``too_long``, ``ratio``   the length rules (``aiayn.corpus.length_rule``)
+``too_short``, ``too_long``, ``ratio``   the length rules (``length_rule``)
 ``duplicate``     the same (source, target) pair was kept before (``data.dedup``)
 ``contaminated``  the source sentence is also a source of a test split (``data.decontaminate``)
 ``langid_src``, ``langid_tgt``   py3langid does not identify the side as ``src_lang`` / ``tgt_lang``
@@ -26,18 +26,42 @@ import hashlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from aiayn.config import DataConfig
-from aiayn.corpus import BAD_CHAR, CorpusError, length_rule
+from aiayn.config.schema import DataConfig
+from aiayn.data.readers import BAD_CHAR, CorpusError
 
 if TYPE_CHECKING:
     from aiayn.data.readers import PairReader
 
-__all__ = ["TRAIN_RULES", "EVAL_CHECKS", "LanguageId", "TrainRules", "EvalChecks", "pair_digest", "check_overlaps"]
+__all__ = ["FILTER_RULES", "length_rule", "TRAIN_RULES", "EVAL_CHECKS", "LanguageId", "TrainRules", "EvalChecks", "pair_digest", "check_overlaps"]
 
 TRAIN_RULES = ("empty", "control_char", "too_short", "too_long", "ratio", "duplicate", "contaminated",
                "langid_src", "langid_tgt")
 #: Counted (never dropped) in valid and test splits; ``duplicate`` also in train when ``dedup`` is off.
 EVAL_CHECKS = ("duplicate", "langid_src", "langid_tgt")
+
+#: The length rules in the order they are tried; a dropped pair counts under the first it hits.
+FILTER_RULES = ("too_short", "too_long", "ratio")
+
+
+def length_rule(src: str, tgt: str, cfg: DataConfig) -> str | None:
+    """The first ``FILTER_RULES`` rule the pair breaks, or ``None``.
+
+    Lengths are whitespace-separated words. Rules, tried in ``FILTER_RULES`` order
+    (a dropped pair counts under the first it hits):
+
+    ``too_short``  a side has fewer than ``cfg.min_words`` words
+    ``too_long``   a side has more than ``cfg.max_words`` words
+    ``ratio``      longer side / shorter side > ``cfg.max_ratio``
+    """
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    shorter, longer = min(n_src, n_tgt), max(n_src, n_tgt)
+    if shorter < cfg.min_words:
+        return "too_short"
+    if longer > cfg.max_words:
+        return "too_long"
+    if longer > cfg.max_ratio * shorter:
+        return "ratio"
+    return None
 
 
 def pair_digest(src: str, tgt: str) -> int:
@@ -125,7 +149,7 @@ class EvalChecks:
 
     ``check(lineno, src, tgt, reader)`` raises ``CorpusError`` for an empty side (``reader.empty``'s words:
     an empty line, column or JSON field) or a control character (``reader.where(side, lineno)`` names file
-    and line, as ``aiayn.corpus.read_lines`` did); ``counts`` has
+    and line, as ``aiayn.data.readers.read_lines`` does); ``counts`` has
     ``duplicate`` (and, with language ID, ``langid_src``/``langid_tgt``).
     """
 

@@ -11,11 +11,11 @@ sets copied from its cache. Beside them:
                  ``origin`` names what the user gave (their file, ``dataset [split]``), and error
                  messages of ``prepare`` name it too, at the same line numbers.
 
-Multi30k is verified against the embedded checksums (``aiayn.corpus.MULTI30K_SHA256``) before it is
+Multi30k is verified against the embedded checksums (``aiayn.data.multi30k.MULTI30K_SHA256``) before it is
 copied. ``prepare`` reads a snapshot back through ``split_reader``; without a snapshot, a Multi30k
 config reads ``data/multi30k`` directly (``multi30k_manifest``), as ``aiayn prepare`` always did.
 
-Errors: ``aiayn.corpus.CorpusError`` naming the split, the files tried and the splits there are.
+Errors: ``aiayn.data.readers.CorpusError`` naming the split, the files tried and the splits there are.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import DataConfig, corpus_identity
-from aiayn.corpus import MIRROR_ENV, MULTI30K_SHA256, CorpusError
+from aiayn.config.schema import DataConfig, corpus_identity
+from aiayn.data.multi30k import MIRROR_ENV, MULTI30K_SHA256
+from aiayn.data.readers import CorpusError
 from aiayn.data.readers import JsonlPairs, MosesPairs, PairReader, TsvPairs
 from aiayn.io import atomic_write_json, atomic_write_text, sha256_file
 

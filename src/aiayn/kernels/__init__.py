@@ -14,7 +14,7 @@ from aiayn.kernels.flash_attention import (
     flash_attention,
     flash_attention_forward,
 )
-from aiayn.kernels.reference import attention_mask, attention_reference
+from aiayn.kernels.attention_reference import attention_mask, attention_reference
 
 __all__ = [
     "flash_attention",

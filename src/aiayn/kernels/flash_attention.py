@@ -49,7 +49,7 @@ import torch
 import triton
 
 from aiayn.kernels.flash_kernels import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess, _attn_fwd
-from aiayn.settings import Settings
+from aiayn.config.settings import Settings
 
 __all__ = ["flash_attention", "flash_attention_forward", "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "INTERPRETED"]
 

@@ -274,7 +274,7 @@ def select_backend(name: str, device: torch.device | str | None = None) -> tuple
         raise ValueError(f"unknown attention backend {name!r}; choose one of {choices}")
     if chosen == "triton" and not _triton_importable():
         raise ValueError("attention_backend='triton' but the triton package is not importable")
-    # PyTorch's CPU kernels decide the float sums on CPU (ATEN_CPU_CAPABILITY, aiayn.settings): say which.
+    # PyTorch's CPU kernels decide the float sums on CPU (ATEN_CPU_CAPABILITY, aiayn.config.settings): say which.
     kernels = f", PyTorch CPU kernels {torch.backends.cpu.get_cpu_capability()}" if chosen == "sdpa" else ""
     logger.info("attention backend: %s (requested %r, device %s%s)", chosen, name, device, kernels)
     return chosen, BACKENDS[chosen]

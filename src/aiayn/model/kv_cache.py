@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from aiayn.config import ModelConfig
+    from aiayn.config.schema import ModelConfig
 
 __all__ = ["KVCache", "cache_bytes", "cache_bytes_per_token"]
 

@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.config import PAD_ID, ModelConfig
+from aiayn.config.schema import PAD_ID, ModelConfig
 from aiayn.model.attention import BACKENDS, AttendFn, logger, select_backend
 from aiayn.model.dropout import Dropout
 from aiayn.model.kv_cache import KVCache
@@ -309,13 +309,13 @@ class Transformer(nn.Module):
     parameters without memory). The attention backend is chosen once here for that device and
     kept when the module is moved: with ``attention_backend='auto'`` build on the CUDA device
     (``Transformer(cfg, device='cuda')``) to get the Triton kernel, see
-    ``aiayn.model.attention.select_backend``. PAD id is ``aiayn.config.PAD_ID``.
+    ``aiayn.model.attention.select_backend``. PAD id is ``aiayn.config.schema.PAD_ID``.
     """
 
     def __init__(self, cfg: ModelConfig, *, device: torch.device | str | None = None) -> None:
         super().__init__()
         if not isinstance(cfg, ModelConfig):
-            raise TypeError(f"Transformer needs an aiayn.config.ModelConfig, got {type(cfg).__name__}")
+            raise TypeError(f"Transformer needs an aiayn.config.schema.ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.attention_backend, attend = select_backend(cfg.attention_backend, device)
         if cfg.positions == "alibi" and self.attention_backend == "triton":  # the kernel takes no score bias

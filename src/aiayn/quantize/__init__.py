@@ -6,6 +6,6 @@ int8 arithmetic this host runs), activation outliers, the quality gate, decode t
 stage (``aiayn.stages.quantize``) puts them together: every variant is built, decoded like the float
 model, scored and gated.
 
-Decoding a converted model under our rules (length cap, GNMT re-ranking) is ``aiayn.decoders``'
+Decoding a converted model under our rules (length cap, GNMT re-ranking) is ``aiayn.inference.runtimes``'
 ``CT2Decoder``, shared with serving. torchao is imported only when a CUDA variant is built.
 """

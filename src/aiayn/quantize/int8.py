@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.config import BOS_ID, EOS_ID
+from aiayn.config.schema import BOS_ID, EOS_ID
 from aiayn.host import host_info
 from aiayn.model import Transformer
 from aiayn.quantize.fake_quant import fake_quantize_int8
@@ -155,7 +155,7 @@ def with_int8_arithmetic(model: Transformer, accumulation: str) -> Transformer:
 @torch.inference_mode()
 def int8_logprobs(model: Transformer, sources: list[np.ndarray], targets: list[list[int]], *,
                   accumulation: str = "exact") -> list[np.ndarray]:
-    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``aiayn.decoders.EagerDecoder.score_ids``'s
+    """Teacher-forced log-probabilities under CTranslate2's int8 arithmetic (``aiayn.inference.runtimes.EagerDecoder.score_ids``'s
     contract: ``(len + 1,)`` float64 per sentence, the final EOS included)."""
     q = with_int8_arithmetic(model, accumulation)
     hidden: list[torch.Tensor] = []
@@ -178,7 +178,7 @@ def decode_under(accumulation: str, ct2_dir: str | Path, sources: list[np.ndarra
                  max_side_tokens: int, compute_type: str, inter_threads: int = 1) -> tuple[list[list[int]] | None, dict]:
     """Decode ``sources`` (``(len,)`` int64 ids with EOS) with the CTranslate2 model in ``ct2_dir``
     (which holds its ``spm.model``) in a subprocess whose CTranslate2 sums int8 products the
-    ``accumulation`` way (``ACCUMULATION_ENV``), under ``options`` (``aiayn.decoders.DecodeOptions``).
+    ``accumulation`` way (``ACCUMULATION_ENV``), under ``options`` (``aiayn.inference.runtimes.DecodeOptions``).
 
     Returns ``(output ids, the subprocess's int8_accumulation())``; ids are None when that process
     could not compute that way (e.g. no AVX2, or MKL on an Intel CPU without VNNI): the second item
@@ -212,7 +212,7 @@ def _decode_job(job_path: str, out_path: str) -> None:
     """The subprocess side of ``decode_under``: decode the job when this process sums the asked way."""
     import json
 
-    from aiayn.decoders import CT2Decoder, DecodeOptions
+    from aiayn.inference.runtimes import CT2Decoder, DecodeOptions
     from aiayn.tokenizer import Tokenizer
 
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))

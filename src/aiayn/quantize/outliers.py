@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from aiayn.batching import pad_batch
-from aiayn.config import BOS_ID
+from aiayn.data.batching import pad_batch
+from aiayn.config.schema import BOS_ID
 from aiayn.model import Transformer
 
 __all__ = ["LayerStats", "activation_stats", "write_report"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from aiayn.model import Transformer
-from aiayn.quantize.converter import AiaynConverter
+from aiayn.export.ctranslate2 import AiaynConverter
 from aiayn.tokenizer import Tokenizer
 
 __all__ = ["Variant", "VARIANTS", "unavailable_reason", "build_ct2", "build_torchao", "library_version", "dir_bytes"]

@@ -6,7 +6,7 @@ did into ``recorder`` (``aiayn.recording``: MLflow when ``aiayn <stage>`` or a P
 nothing by default) and returns a small JSON-able summary (counts, metrics, paths). The CLI
 (``aiayn <stage>``), the Prefect flows (``pipelines/``) and ``dvc.yaml`` all call these same
 functions; which stages make the pipeline, in which order, is the orchestrator's
-(``pipelines.stages``).
+(``pipelines.dag``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Layout:
 
     @property
     def export(self) -> Path:
-        """The serving bundle (``aiayn.export``): model, tokenizer, ``bundle.json``, model card."""
+        """The serving bundle (``aiayn.export.bundle``): model, tokenizer, ``bundle.json``, model card."""
         return self.root / "artifacts" / "export"
 
     @property

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from aiayn.config import Params
+from aiayn.config.schema import Params
 from aiayn.data.sources import snapshot
 from aiayn.io import atomic_dir
 from aiayn.recording import NULL_RECORDER, Recorder
@@ -28,7 +28,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     records nothing of this stage (no run of its own: the corpus identity goes into ``prepare``'s
     report, the model card and the train run's data version).
 
-    Raises ``aiayn.corpus.CorpusError`` (missing or corrupt files, a split or language the source lacks,
+    Raises ``aiayn.data.readers.CorpusError`` (missing or corrupt files, a split or language the source lacks,
     an unreachable dataset): the previous snapshot stays as it was.
     """
     with atomic_dir(layout.corpus) as tmp:

@@ -4,7 +4,7 @@ Outputs (``artifacts/eval``): ``{split}.hyp.{tgt_lang}`` (one detokenized
 hypothesis per line) and ``scores.json`` (scores with their sacreBLEU signatures
 and the decoding options); ``artifacts/eval_metrics.json`` holds the numbers
 only (``{split: {bleu, chrf, bleu_lc_tok}}``, plus ``bleu_moses_lc_tok`` with ``evaluate.moses_bleu``:
-``aiayn.moses_bleu``) for ``dvc metrics show``; ``artifacts/plots/test_scores.json`` the same
+``aiayn.evaluation.moses_bleu``) for ``dvc metrics show``; ``artifacts/plots/test_scores.json`` the same
 BLEU/chrF as rows for ``dvc plots show``. Both are deterministic
 bytes for a fixed model and params (two runs give the same ``dvc.lock`` hashes): wall-clock decode
 seconds go to the log and the tracker only.
@@ -18,16 +18,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from aiayn.config import Params
-from aiayn.corpus import read_lines
-from aiayn.decoders import DecodeOptions
+from aiayn.config.schema import Params
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import DecodeOptions
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
-from aiayn.moses_bleu import score_moses, tok_reference
+from aiayn.evaluation.moses_bleu import score_moses, tok_reference
 from aiayn.progress import Progress
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
-from aiayn.scoring import bleu_tokenizer, score
+from aiayn.evaluation.scoring import bleu_tokenizer, score
 from aiayn.stages import Layout, split_reads
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 
 __all__ = ["run", "RECORD", "decode_split", "score_split"]
 
@@ -46,9 +46,9 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     ``params.evaluate.long_policy`` (default ``error``: a benchmark never changes silently).
     Returns ``{split: {bleu, chrf, bleu_lc_tok, ...}}``. Raises
     ``FileNotFoundError`` if the model bundle or a prepared split is missing,
-    ``aiayn.translate.InputError`` (a ``ValueError``) for an over-long line under ``error``, and
-    ``aiayn.scoring.ScoringError`` if output still holds subword markers or the target language's BLEU
-    tokenizer (``aiayn.scoring.bleu_tokenizer``) is not available.
+    ``aiayn.inference.translator.InputError`` (a ``ValueError``) for an over-long line under ``error``, and
+    ``aiayn.evaluation.scoring.ScoringError`` if output still holds subword markers or the target language's BLEU
+    tokenizer (``aiayn.evaluation.scoring.bleu_tokenizer``) is not available.
     """
     d, e = params.data, params.evaluate
     bleu_tokenizer(d.tgt_lang, e.bleu_tokenize)  # before decoding: a missing tokenizer fails fast
@@ -95,7 +95,7 @@ def decode_split(translator: Translator, sources: list[str], options: DecodeOpti
     """Translate ``sources`` (detokenized text, one sentence each) as the evaluate stage does: one detokenized
     hypothesis per source, in order. ``long_policy``: ``evaluate.long_policy`` for a line longer than the
     model accepts; ``progress(n)`` is called after each batch of ``n`` sentences. Raises
-    ``aiayn.translate.InputError`` (a ``ValueError``) for an over-long line under ``error``."""
+    ``aiayn.inference.translator.InputError`` (a ``ValueError``) for an over-long line under ``error``."""
     prepared = translator.prepare(sources, options, long=long_policy)
     return [line for chunk in translator.translate_prepared(prepared, options, batch_progress=progress)
             for line in chunk]
@@ -103,10 +103,10 @@ def decode_split(translator: Translator, sources: list[str], options: DecodeOpti
 
 def score_split(params: Params, layout: Layout, split: str, hyps: list[str], references: list[str]) -> dict[str, Any]:
     """The evaluate stage's scores of one test split: sacreBLEU BLEU/chrF/``bleu_lc_tok`` with their signatures
-    (``aiayn.scoring.score``, BLEU tokenized by ``evaluate.bleu_tokenize``), plus ``bleu_moses_lc_tok`` when
-    ``evaluate.moses_bleu`` (``aiayn.moses_bleu.score_moses`` against the dataset's ``lc.norm.tok``
+    (``aiayn.evaluation.scoring.score``, BLEU tokenized by ``evaluate.bleu_tokenize``), plus ``bleu_moses_lc_tok`` when
+    ``evaluate.moses_bleu`` (``aiayn.evaluation.moses_bleu.score_moses`` against the dataset's ``lc.norm.tok``
     reference when ``aiayn fetch --tok-references`` brought it into ``data/multi30k/tok/``, else against
-    ``references`` put through the same steps). Raises ``aiayn.scoring.ScoringError`` as ``score`` does and
+    ``references`` put through the same steps). Raises ``aiayn.evaluation.scoring.ScoringError`` as ``score`` does and
     ``ValueError`` when the numbers of lines differ."""
     d = params.data
     result = score(hyps, references, tokenize=bleu_tokenizer(d.tgt_lang, params.evaluate.bleu_tokenize))

@@ -10,7 +10,7 @@ the *registered* copy and the model version's tags, where it names the code that
 
 Registry (through the recorder ``run`` is handed; MLflow's when tracking is on): the bundle is logged
 as an MLflow pyfunc model (input: sentences; output: translations), registered as
-``aiayn-{src_lang}-{tgt_lang}`` (``aiayn.config.registered_model_name``; env ``AIAYN_REGISTERED_MODEL``
+``aiayn-{src_lang}-{tgt_lang}`` (``aiayn.config.schema.registered_model_name``; env ``AIAYN_REGISTERED_MODEL``
 overrides), so champions never cross language pairs, and the alias ``champion`` moves to it only
 when its ``quantize.gate_split`` BLEU is >= the current champion's of the same registered model
 (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``. A model whose training was cut
@@ -23,22 +23,22 @@ import json
 import logging
 from typing import Any
 
-from aiayn.bundle import EAGER, read_model_config
-from aiayn.config import DataConfig, Params, corpus_identity, registered_model_name
-from aiayn.decoders import DecodeOptions
+from aiayn.inference.artifacts import EAGER, read_model_config
+from aiayn.config.schema import DataConfig, Params, corpus_identity, registered_model_name
+from aiayn.inference.runtimes import DecodeOptions
 from aiayn.exitcodes import training_was_cut
-from aiayn.export import build_bundle, register_bundle
-from aiayn.lineage import CORPUS_STAGE, current_hashes, git_commit, stage_paths
+from aiayn.export.bundle import build_bundle, register_bundle
+from aiayn.provenance import CORPUS_STAGE, current_hashes, git_commit, stage_paths
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
-from aiayn.settings import Settings
+from aiayn.config.settings import Settings
 from aiayn.stages import Layout
-from aiayn.translate import max_source_tokens
+from aiayn.inference.translator import max_source_tokens
 
 __all__ = ["run", "REGISTERED_MODEL", "RECORD", "registry_provenance"]
 
 log = logging.getLogger("aiayn")
 
-#: Registered model name of the default pair (``aiayn.config.registered_model_name``: ``aiayn-{src}-{tgt}``
+#: Registered model name of the default pair (``aiayn.config.schema.registered_model_name``: ``aiayn-{src}-{tgt}``
 #: from ``params.data``; env ``AIAYN_REGISTERED_MODEL`` overrides).
 REGISTERED_MODEL = registered_model_name(DataConfig())
 
@@ -121,7 +121,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     ``{variant, bundle, registered: {version, alias}|None}`` (None: the recorder registered nothing).
 
     Raises ``FileNotFoundError`` when an earlier stage's output is missing and
-    ``aiayn.export.BundleError`` when the chosen variant's files are incomplete.
+    ``aiayn.export.bundle.BundleError`` when the chosen variant's files are incomplete.
     """
     q, e, d = params.quantize, params.evaluate, params.data
     variant, why, scores, report = _shipped(params, layout)
@@ -158,7 +158,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     log.info("export: %s bundle in %s (%s BLEU %.2f)", variant, layout.export, q.gate_split, scores[q.gate_split]["bleu"])
     hf_dir = None
     if "hf-marian" in params.export.formats:  # transformers is imported only when asked for
-        from aiayn.hf_marian import HF_MARIAN_DIR, export_marian
+        from aiayn.export.hf_marian import HF_MARIAN_DIR, export_marian
 
         hf_dir = export_marian(layout.model, layout.export / HF_MARIAN_DIR, decode=decode, src_lang=d.src_lang,
                                tgt_lang=d.tgt_lang)
@@ -185,7 +185,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
 
 
 def _data_hashes(layout: Layout, params: Params) -> dict[str, str]:
-    """The DVC hashes of the data this model was made from, as they are now (``aiayn.lineage.current_hashes``): the
+    """The DVC hashes of the data this model was made from, as they are now (``aiayn.provenance.current_hashes``): the
     corpus the ``corpus`` stage reads (its data dependency in ``dvc.yaml``, filled from ``params``: ``data/multi30k``,
     or a corpus of one's own, inside the project or not) and the three stages' outputs after it. Under ``dvc repro``
     these are ``dvc.lock``'s; after ``aiayn <stage>`` runs outside DVC the lock is a run behind (a fresh clone's

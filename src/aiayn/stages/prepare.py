@@ -27,8 +27,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import Params
-from aiayn.corpus import CorpusError
+from aiayn.config.schema import Params
+from aiayn.data.readers import CorpusError
 from aiayn.data.hygiene import EvalChecks, LanguageId, TrainRules, check_overlaps
 from aiayn.data.sources import load_manifest, manifest_matches, multi30k_manifest, split_reader
 from aiayn.io import atomic_dir, atomic_write_json

@@ -34,25 +34,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from aiayn.bundle import EAGER, ModelBundle
-from aiayn.config import EOS_ID, Params
-from aiayn.corpus import read_lines
-from aiayn.decoders import CT2Decoder, DecodeOptions, EagerDecoder
+from aiayn.inference.artifacts import EAGER, ModelBundle
+from aiayn.config.schema import EOS_ID, Params
+from aiayn.data.readers import read_lines
+from aiayn.inference.runtimes import CT2Decoder, DecodeOptions, EagerDecoder
 from aiayn.progress import Progress
 from aiayn.io import atomic_dir, atomic_write_json
 from aiayn.model import Transformer
-from aiayn.quantize.checks import ACCEPTED, FAILED, REJECTED, SKIPPED, degenerate_lines, gate
-from aiayn.quantize.converter import AiaynConverter, UnsupportedModelError, check_supported
+from aiayn.quantize.gate import ACCEPTED, FAILED, REJECTED, SKIPPED, degenerate_lines, gate
+from aiayn.export.ctranslate2 import AiaynConverter, UnsupportedModelError, check_supported
 from aiayn.quantize.int8 import ACCUMULATIONS, decode_under, int8_accumulation
 from aiayn.quantize.fake_quant import LAYER_TYPES, with_fake_int8
 from aiayn.quantize.outliers import activation_stats, write_report
 from aiayn.quantize.throughput import measure, thread_count
 from aiayn.quantize.variants import VARIANTS, Variant, build_ct2, build_torchao, dir_bytes, unavailable_reason
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
-from aiayn.scoring import score
+from aiayn.evaluation.scoring import score
 from aiayn.stages import Layout
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator
+from aiayn.inference.translator import Translator
 
 __all__ = ["run", "QuantizeError", "RECORD"]
 

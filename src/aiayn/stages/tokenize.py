@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Params
+from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Params
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout

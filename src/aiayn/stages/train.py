@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint, save_model
-from aiayn.config import Params, TrainConfig
+from aiayn.config.schema import Params, TrainConfig
 from aiayn.exitcodes import CUT_PREFIX
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 from aiayn.progress import Progress
@@ -98,7 +98,7 @@ class _TrainProgress:
 def _rank_env() -> dict[str, str]:
     """The environment of the ranks the launcher starts: this process's, with MKL's setting stated (``AUTO``, MKL's
     own kernels, when unset here), so that they sum as this process does: a rank started by hand applies the train
-    stage's defaults itself (``aiayn.settings.FP32_STAGE_DEFAULT``), which may hold MKL to AVX2."""
+    stage's defaults itself (``aiayn.config.settings.FP32_STAGE_DEFAULT``), which may hold MKL to AVX2."""
     return os.environ | {"MKL_CBWR": os.environ.get("MKL_CBWR") or "AUTO"}
 
 
@@ -111,7 +111,7 @@ def _train_torchrun(params: Params, layout: Layout, tracker: StageRun, progress:
     result with a fresh model on CPU (the caller loads the chosen weights into it).
     Raises ``RuntimeError`` when torchrun fails (the ranks' errors are on stderr).
     """
-    from aiayn.distributed import torchrun_command
+    from aiayn.train.distributed import torchrun_command
     from aiayn.model import Transformer
 
     job_dir = layout.checkpoints / "torchrun"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import ModelConfig, Params
-from aiayn.corpus import read_lines
+from aiayn.config.schema import ModelConfig, Params
+from aiayn.data.readers import read_lines
 from aiayn.io import sha256_file
 from aiayn.model import Transformer
 from aiayn.stages import Layout
@@ -93,8 +93,8 @@ def bleu_validator(params: Params, layout: Layout, inputs: TrainInputs):
     vb, d, e = params.train.valid_bleu, params.data, params.evaluate
     if not vb.enabled:
         return None
-    from aiayn.decoders import DecodeOptions
-    from aiayn.scoring import bleu_tokenizer
+    from aiayn.inference.runtimes import DecodeOptions
+    from aiayn.evaluation.scoring import bleu_tokenizer
     from aiayn.train.validation import BleuValidator
 
     src, tgt = (layout.prepared / f"{d.valid_split}.{lang}" for lang in (d.src_lang, d.tgt_lang))

@@ -1,7 +1,7 @@
 """One rank of a distributed ``train`` stage: ``python -m aiayn.stages.train_worker ROOT JOB_DIR``.
 
 Started by ``torchrun`` (the ``train`` stage launches it when ``train.nproc_per_node > 1``;
-for several nodes start it yourself, see ``aiayn.distributed``). ``JOB_DIR`` holds
+for several nodes start it yourself, see ``aiayn.train.distributed``). ``JOB_DIR`` holds
 ``params.json`` (the resolved ``Params``, written by the launcher); rank 0 appends its
 metrics to ``JOB_DIR/metrics.jsonl`` (one ``{"step", "metrics"}`` object per line, read
 live by the launcher, which owns the MLflow run) and writes ``JOB_DIR/result.json`` at the
@@ -15,7 +15,7 @@ which); 1 on an error (its message on stderr).
 from __future__ import annotations
 
 if __name__ == "__main__":  # a rank's own process (torchrun, or started by hand on each node): the stage's
-    from aiayn.settings import apply_process_defaults  # process defaults, before the imports below load torch
+    from aiayn.config.settings import apply_process_defaults  # process defaults, before the imports below load torch
 
     apply_process_defaults(stage="train")
 
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import Params
-from aiayn.distributed import init_process_group, rank_device, world_from_env
+from aiayn.config.schema import Params
+from aiayn.train.distributed import init_process_group, rank_device, world_from_env
 from aiayn.io import atomic_write_json
 from aiayn.stages import Layout
 from aiayn.stages.train_job import METRICS_FILE, PARAMS_FILE, RESULT_FILE, job_summary, load_train_inputs

@@ -1,6 +1,6 @@
 """Lineage as MLflow records it: the tags of every pipeline and stage run, and a stage's dataset inputs.
 
-Built on ``aiayn.lineage`` (git commit, DVC hashes) and told by the stage's ``StageRecord`` which
+Built on ``aiayn.provenance`` (git commit, DVC hashes) and told by the stage's ``StageRecord`` which
 files it reads; no MLflow import here (the caller logs what these return).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aiayn.lineage import (
+from aiayn.provenance import (
     CORPUS_STAGE,
     Digests,
     corpus_input,
@@ -38,7 +38,7 @@ log = logging.getLogger("aiayn.tracking")
 
 
 def git_tags(project_root: Path) -> dict[str, str]:
-    """``git.dirty`` (the user's code only: ``aiayn.lineage.git_commit`` leaves out what the pipeline writes) and,
+    """``git.dirty`` (the user's code only: ``aiayn.provenance.git_commit`` leaves out what the pipeline writes) and,
     inside a git work tree, ``git.commit`` / ``mlflow.source.git.commit``."""
     commit, dirty = git_commit(project_root)
     tags = {"git.dirty": str(dirty).lower()}
@@ -56,7 +56,7 @@ def dvc_datasets(project_root: str | Path, reads: Iterable[DatasetRead] = (), *,
     ``.dir`` suffix. Then one dataset per file of ``reads`` (paths relative to ``project_root``): name = the file's
     name, digest = its MD5, which is DVC 3's content hash of that file (so it matches the ``.dir``
     manifest of its folder in the DVC cache); source = its path; context = the read's; profile =
-    lines and bytes. Missing files are skipped. ``digests``: the stage run's memo (``aiayn.lineage.Digests``), so
+    lines and bytes. Missing files are skipped. ``digests``: the stage run's memo (``aiayn.provenance.Digests``), so
     a file its lineage hashed already is not read again.
 
     Returns:
@@ -78,7 +78,7 @@ def source_corpus(project_root: Path, params: Mapping[str, Any] | None = None,
                   digests: Digests | None = None) -> list[dict[str, str]]:
     """The raw corpus as ``dvc_datasets``' ``source`` dataset: the ``corpus`` stage's data dependency in ``dvc.yaml``,
     filled from ``params`` (a hub dataset's snapshot ``artifacts/corpus`` when it has none), named by its path and
-    hashed now (``aiayn.lineage.current_hashes``); a path a ``*.dvc`` file records is described by that record
+    hashed now (``aiayn.provenance.current_hashes``); a path a ``*.dvc`` file records is described by that record
     (``data.dvc: data/multi30k``). Without a ``corpus`` stage (or an unreadable ``dvc.yaml``): every ``*.dvc``
     file's output (the old rule for every run, which named Multi30k for a run on a corpus of one's own)."""
     recorded = {str(e.get("path")): (f, e) for f, e in dvc_file_outs(project_root, strict=False)}
@@ -144,10 +144,10 @@ def hash_tags(hashes: dict[str, str]) -> dict[str, str]:
 def stage_data(project_root: Path, stage: str, *, side: str, params: Mapping[str, Any] | None = None,
                digests: Digests | None = None) -> dict[str, str] | None:
     """``{path: DVC hash}`` of what ``dvc.yaml``'s ``stage`` reads (``side="deps"``, taken when it starts) or wrote
-    (``side="outs"``, when it ends), as they are then (``aiayn.lineage.current_hashes``): ``dvc.lock`` holds the run
+    (``side="outs"``, when it ends), as they are then (``aiayn.provenance.current_hashes``): ``dvc.lock`` holds the run
     before's hashes of a stage's own entry until DVC rewrites it after the stage. ``params``: the stage's config, which
-    fills ``dvc.yaml``'s templates (``aiayn.lineage.stage_paths``); ``digests``: the stage run's memo
-    (``aiayn.lineage.Digests``). None when ``dvc.yaml`` does not define the stage, or it or a ``*.dvc`` file cannot
+    fills ``dvc.yaml``'s templates (``aiayn.provenance.stage_paths``); ``digests``: the stage run's memo
+    (``aiayn.provenance.Digests``). None when ``dvc.yaml`` does not define the stage, or it or a ``*.dvc`` file cannot
     be read (one warning)."""
     try:
         paths = stage_paths(project_root, stage, params)
@@ -163,7 +163,7 @@ def stage_tags(project_root: Path, stage: str, reads: dict[str, str], params: Ma
     (``current_data_version``) and a ``data_hash.<path>`` for each path it reads (``reads``: ``stage_data(...,
     side="deps")``). Never the hashes of what it writes or of later stages' outputs, which ``dvc.lock`` holds from
     the run before (``stage_data(..., side="outs")`` tags its outputs when it ends). ``params``: the stage's config;
-    ``digests``: its run's memo (``aiayn.lineage.Digests``)."""
+    ``digests``: its run's memo (``aiayn.provenance.Digests``)."""
     tags = _run_tags(project_root)
     if version := current_data_version(project_root, params, snapshot=stage != CORPUS_STAGE, digests=digests):
         tags["data.version"] = version
@@ -173,10 +173,10 @@ def stage_tags(project_root: Path, stage: str, reads: dict[str, str], params: Ma
 def current_data_version(project_root: Path, params: Mapping[str, Any] | None = None, *,
                          snapshot: bool = True, digests: Digests | None = None) -> str | None:
     """The run's data version as it is now: the DVC hash of the corpus the ``corpus`` stage reads by ``params``
-    (``aiayn.lineage.stage_paths``, ``current_hashes``; ``data/multi30k`` by ``data.dvc``'s record) or, for a hub
+    (``aiayn.provenance.stage_paths``, ``current_hashes``; ``data/multi30k`` by ``data.dvc``'s record) or, for a hub
     dataset with no local data, of its snapshot ``artifacts/corpus`` (``snapshot=False``: not before the corpus
     stage has written it: None). Without a ``corpus`` stage in ``dvc.yaml``, ``corpus_version``'s (``dvc.lock``).
-    ``digests``: the stage run's memo (``aiayn.lineage.Digests``)."""
+    ``digests``: the stage run's memo (``aiayn.provenance.Digests``)."""
     try:
         corpus = stage_paths(project_root, CORPUS_STAGE, params)
         if corpus is None:
@@ -189,9 +189,9 @@ def current_data_version(project_root: Path, params: Mapping[str, Any] | None = 
 
 
 def corpus_version(project_root: Path, hashes: dict[str, str]) -> str | None:
-    """The run's data version: the DVC hash of what the ``corpus`` stage read (``aiayn.lineage.corpus_input``:
+    """The run's data version: the DVC hash of what the ``corpus`` stage read (``aiayn.provenance.corpus_input``:
     its data dependency in ``dvc.lock``, ``data/multi30k`` or a corpus of one's own, inside the project or not);
-    before that stage has run, ``aiayn.lineage.data_version(hashes)`` (the first path under ``data/``:
+    before that stage has run, ``aiayn.provenance.data_version(hashes)`` (the first path under ``data/``:
     ``data.dvc``'s Multi30k). None when neither is known; an unreadable ``dvc.lock`` counts as not yet run."""
     try:
         corpus = corpus_input(project_root)

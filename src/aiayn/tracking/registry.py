@@ -4,9 +4,9 @@
 Registration (``register_translation``, called through a stage run's
 ``register_translation_model``): the bundle is saved as an MLflow 3 logged model (a pyfunc whose
 ``predict`` runs the predictor class the export stage passes in; this package never imports
-``aiayn.export``) whose source run is the pipeline run, registered as a new version of the model,
+``aiayn.export.bundle``) whose source run is the pipeline run, registered as a new version of the model,
 and given an alias by ``choose_alias``. ``register_transformers`` registers the Hugging Face export
-(``aiayn.hf_marian``) with MLflow's ``transformers`` flavor beside it (opt-in: ``export.mlflow_transformers``).
+(``aiayn.export.hf_marian``) with MLflow's ``transformers`` flavor beside it (opt-in: ``export.mlflow_transformers``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def translation_pyfunc_class(predictor: type) -> type:
 
     class AiaynTranslationModel(mlflow.pyfunc.PythonModel):
         def load_context(self, context):
-            from aiayn.settings import Settings
+            from aiayn.config.settings import Settings
 
             self.predictor = predictor(context.artifacts["bundle"], threads=Settings.from_env().serve_threads)
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from aiayn.io import atomic_write_json
 from aiayn.recording import StageRecord, check_dir, check_file, check_key, check_metrics, check_params
-from aiayn.settings import Settings
-from aiayn.lineage import CORPUS_STAGE, Digests
+from aiayn.config.settings import Settings
+from aiayn.provenance import CORPUS_STAGE, Digests
 from aiayn.tracking.lineage import (
     current_data_version,
     dvc_datasets,
@@ -517,7 +517,7 @@ class Tracker:
         """Log a serving bundle on this run as an MLflow pyfunc model (``serving_model``), register a
         version of ``name`` and give it an alias by ``registry.choose_alias`` (``registry.register_translation``).
 
-        ``predictor``: the class the pyfunc model runs (``aiayn.export.BundlePredictor``: built from the
+        ``predictor``: the class the pyfunc model runs (``aiayn.inference.load.BundlePredictor``: built from the
         bundle folder, ``parse(model_input)`` and ``translate(sentences)``). Returns
         ``{"version", "alias", "champion_bleu_before"}``, or None when tracking is off or MLflow failed
         (one warning, the pipeline goes on; the bundle on disk is unaffected).

@@ -13,7 +13,7 @@ before it counts as unreachable (~17 s at most), so a busy server does not turn 
 already set, MLflow's HTTP client gets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=2`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT=30``
 (MLflow's own defaults, 7 retries and 120 s, would stall training for minutes on an outage).
 
-``AIAYN_TRACKING=0`` (``aiayn.settings``) turns tracking off.
+``AIAYN_TRACKING=0`` (``aiayn.config.settings``) turns tracking off.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from aiayn.settings import Settings
+from aiayn.config.settings import Settings
 
 __all__ = [
     "tracking_enabled",

@@ -11,7 +11,7 @@ Reproducibility contract (tests/test_train.py pins it, on CPU):
 
 - ``seed`` seeds initialisation and dropout (reseeded per global batch,
   ``dropout_seed``); ``data_seed`` alone fixes the batch order
-  (``aiayn.batching``). Two runs with the same seeds, data and config produce
+  (``aiayn.data.batching``). Two runs with the same seeds, data and config produce
   bitwise-identical weights.
 - N data-parallel ranks (``train.distributed: ddp``) compute the same updates as
   one process with the same ``grad_accum`` (to fp32 summation order), and a

@@ -7,8 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from aiayn.batching import collate, make_batches
-from aiayn.config import PAD_ID
+from aiayn.data.batching import collate, make_batches
+from aiayn.config.schema import PAD_ID
 from aiayn.model import Transformer
 from aiayn.tokenizer import EncodedSplit
 

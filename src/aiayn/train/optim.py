@@ -14,7 +14,7 @@ with its Newton-Schulz products in fp32 and batched per shape. ``torch.optim.Muo
 on a CPU goes to oneDNN's kernel for the ISA at hand: AMX, AVX-512 BF16 and plain AVX-512 give three different
 results (three different trained models), and without AMX it costs 4-12x more (docs/benchmarks.md, "Muon in
 fp32"). fp32 products go through MKL like the rest of the step, which the stages hold to one kernel
-(``MKL_CBWR``, aiayn.settings), so a Muon run trains the same bytes on every host an Adam one does.
+(``MKL_CBWR``, aiayn.config.settings), so a Muon run trains the same bytes on every host an Adam one does.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from aiayn.config import TrainConfig
+    from aiayn.config.schema import TrainConfig
 
 __all__ = ["inverse_sqrt_lr", "learning_rate", "lr_schedule", "dropout_seed"]
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from aiayn.checkpoint import CheckpointError, average_checkpoints, checkpoint_step, list_checkpoints, load_checkpoint
-from aiayn.config import TrainConfig
+from aiayn.config.schema import TrainConfig
 from aiayn.train.early_stop import higher_is_better
 
 __all__ = ["Selection", "checkpoint_extra", "plan", "select_weights"]

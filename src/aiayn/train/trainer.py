@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from aiayn.batching import EpochBatchIterator, collate
+from aiayn.data.batching import EpochBatchIterator, collate
 from aiayn.checkpoint import (
     TrainState,
     capture_rng,
@@ -32,8 +32,8 @@ from aiayn.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from aiayn.config import ModelConfig, TrainConfig
-from aiayn.distributed import (
+from aiayn.config.schema import ModelConfig, TrainConfig
+from aiayn.train.distributed import (
     World,
     agree,
     all_reduce_sum,
@@ -576,7 +576,7 @@ def train(
         on_step: called after every step with ``(step, {"loss", "lr", "tokens_per_s", "epoch",
             "tokens", "grad_norm"})`` (progress display; rank 0 only); ``tokens`` is the update's
             global target token count, ``grad_norm`` the global gradient L2 norm before clipping.
-        world: this process's place in a ``torch.distributed`` job (``aiayn.distributed``;
+        world: this process's place in a ``torch.distributed`` job (``aiayn.train.distributed``;
             the process group must be initialised); default: one process.
         valid_scorer: more validation metrics of the model (``aiayn.train.validation.BleuValidator``:
             ``valid_bleu``, ``valid_chrf``), measured with the validation loss (not under FSDP); it
@@ -588,7 +588,7 @@ def train(
     epoch's end with ``epoch_checkpoints``.
 
     Data parallelism is world-size invariant: an update is ``grad_accum`` consecutive
-    batches of the one global order (``aiayn.batching``), rank ``r`` of ``N`` takes batches
+    batches of the one global order (``aiayn.data.batching``), rank ``r`` of ``N`` takes batches
     ``r, r+N, ...`` of it, and each batch's loss is divided by the update's global target
     token count (known on every rank from the batch lengths) and multiplied by ``N``
     (DDP averages gradients over ranks). Dropout is reseeded per global batch

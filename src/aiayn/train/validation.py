@@ -1,9 +1,9 @@
 """Validation BLEU during training: decode a fixed sample of the validation split and score it.
 
 The sample is drawn once (``sample_indices``: seeded, sorted, the same for the whole run and for a
-resumed one), encoded once by ``aiayn.translate.Translator`` (the one translation path, so the
+resumed one), encoded once by ``aiayn.inference.translator.Translator`` (the one translation path, so the
 inputs follow ``aiayn translate``'s rules) and decoded at every validation by ``EagerDecoder`` in
-eval mode (greedy by default); the hypotheses are scored by ``aiayn.scoring.score`` (sacreBLEU BLEU
+eval mode (greedy by default); the hypotheses are scored by ``aiayn.evaluation.scoring.score`` (sacreBLEU BLEU
 and chrF against the prepared references). Decoding draws no random numbers and the model's
 training flag is restored afterwards, so a training run's weights do not depend on whether this
 runs (tests/test_train.py checks it bit for bit).
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from aiayn.decoders import DecodeOptions, EagerDecoder
-from aiayn.scoring import score
+from aiayn.inference.runtimes import DecodeOptions, EagerDecoder
+from aiayn.evaluation.scoring import score
 from aiayn.tokenizer import Tokenizer
-from aiayn.translate import PreparedInput, Translator
+from aiayn.inference.translator import PreparedInput, Translator
 
 __all__ = ["sample_indices", "BleuValidator"]
 
@@ -42,7 +42,7 @@ class BleuValidator:
         sources, references: the validation split's text (same length).
         options: decoding options (``beam_size=1``: greedy); over-long sources are truncated.
         size, seed: the sample (``sample_indices``).
-        tokenize: sacreBLEU's BLEU tokenizer (``aiayn.scoring.bleu_tokenizer`` picks it from the target
+        tokenize: sacreBLEU's BLEU tokenizer (``aiayn.evaluation.scoring.bleu_tokenizer`` picks it from the target
             language; default 13a).
 
     Calling it with a model returns ``{"valid_bleu", "valid_chrf"}`` (0-100, sacreBLEU defaults but

@@ -1,0 +1,394 @@
+"""The serving request log: every answered sentence, durable before its answer leaves.
+
+One interface (``RequestLog``), two backends, one schema, owned here: ``aiayn serve`` writes through
+it and the drift monitor reads through it (``RequestLog.latest``), so no other module writes SQL
+against the log.
+
+- ``SqliteRequestLog`` (the embedded default, a file): WAL mode, ``synchronous=FULL`` (on disk when
+  ``write`` returns), a busy timeout for concurrent writers, ``secure_delete`` (pruned rows are
+  overwritten with zeros) and a WAL checkpoint-and-truncate after every prune that deleted rows, so
+  deleted text is not left in the database or its write-ahead log.
+- ``PostgresRequestLog`` (``postgresql://USER:PASSWORD@HOST:PORT/DB``, psycopg2): the log of
+  several ``aiayn serve`` replicas. The tables are created under an advisory lock (replicas start
+  at once); a write whose connection dropped is retried on another connection, and a primary-key
+  conflict on a retry means an earlier attempt had committed, so a sentence is never logged twice.
+  Deleted rows stay in PostgreSQL's files until (auto)vacuum reuses their space.
+
+Schema (``ts``: Unix time, seconds)::
+
+    requests(request_id PK, ts, model_name, model_version, variant, n_sentences, beam_size)
+    sentences(request_id, idx, ts, source, source_tokens, output_tokens, output_chars,
+              PRIMARY KEY (request_id, idx)), index on sentences(ts)
+
+Errors: ``RequestLogError`` (cannot open or read the log; its message names the log, never a
+password), ``LogWriteError`` (a write or prune failed and was rolled back: the log is usable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RequestLog", "SqliteRequestLog", "PostgresRequestLog", "RequestLogError", "LogWriteError", "LoggedSentence",
+    "open_request_log", "is_url", "redact",
+]  # fmt: skip
+
+_TABLES = """
+    CREATE TABLE IF NOT EXISTS requests (
+        request_id TEXT PRIMARY KEY, ts {real} NOT NULL, model_name TEXT, model_version TEXT,
+        variant TEXT, n_sentences INTEGER NOT NULL, beam_size INTEGER);
+    CREATE TABLE IF NOT EXISTS sentences (
+        request_id TEXT NOT NULL, idx INTEGER NOT NULL, ts {real} NOT NULL, source TEXT NOT NULL,
+        source_tokens INTEGER, output_tokens INTEGER, output_chars INTEGER,
+        PRIMARY KEY (request_id, idx));
+    CREATE INDEX IF NOT EXISTS sentences_ts ON sentences (ts);
+"""
+_LATEST = ("SELECT s.source, s.ts, r.model_version FROM sentences s LEFT JOIN requests r "
+           "ON r.request_id = s.request_id ORDER BY s.ts DESC, s.request_id DESC, s.idx DESC LIMIT {p}")
+
+
+class RequestLogError(RuntimeError):
+    """The request log cannot be opened or read (one line, naming the log without its password)."""
+
+
+class LogWriteError(RequestLogError):
+    """A write or prune failed; its transaction was rolled back (the request must fail with 503)."""
+
+
+@dataclass(frozen=True)
+class LoggedSentence:
+    """One logged source sentence: its text, ``ts`` (Unix seconds) and the model version that answered it."""
+
+    source: str
+    ts: float
+    model_version: str | None
+
+
+def _rows(request_id: str, ts: float, sources, source_tokens, output_tokens, outputs) -> list[tuple]:
+    return [(request_id, i, ts, s, st, ot, len(o))
+            for i, (s, st, ot, o) in enumerate(zip(sources, source_tokens, output_tokens, outputs))]
+
+
+class RequestLog(ABC):
+    """What the service and the drift monitor need from a request log (module docstring)."""
+
+    #: Where the log is, for messages (a path, or a URL without its password).
+    location: str
+
+    @abstractmethod
+    def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
+              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
+        """One transaction: the request row and one row per sentence (``model``: ``name``, ``version``,
+        ``variant``). Raises ``LogWriteError`` (nothing written) on any failure."""
+
+    @abstractmethod
+    def prune(self, retention_days: float, *, now: float | None = None) -> int:
+        """Delete requests (and their sentences) older than ``retention_days``; returns requests deleted.
+        Raises ``LogWriteError`` after rolling back (the log stays usable for writes)."""
+
+    @abstractmethod
+    def latest(self, n: int) -> list[LoggedSentence]:
+        """The last ``n`` logged sentences, oldest first. Raises ``RequestLogError``."""
+
+    @abstractmethod
+    def counts(self) -> dict[str, int]:
+        """``{"requests": ..., "sentences": ...}`` rows in the log. Raises ``RequestLogError``."""
+
+    @abstractmethod
+    def request_ids(self) -> dict[str, int]:
+        """Every logged request id with its number of logged sentences (checks and audits: the soak
+        benchmark, the replica test). Raises ``RequestLogError``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the connection(s); the SQLite backend checkpoints its WAL first."""
+
+    def __enter__(self) -> RequestLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- SQLite
+
+
+class SqliteRequestLog(RequestLog):
+    """The request log in one SQLite file (module docstring). ``read_only``: opened with ``mode=ro``
+    (never blocks a writer, creates nothing). Raises ``RequestLogError`` when the file cannot be
+    opened as a log, ``LogWriteError`` when SQLite refuses WAL mode."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_ms: int = 10_000, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        self._busy_timeout_ms = int(busy_timeout_ms)
+        self._lock = threading.Lock()
+        try:
+            if read_only:
+                self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                           timeout=busy_timeout_ms / 1000, check_same_thread=False)
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, check_same_thread=False,
+                                       isolation_level=None)
+            self._db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise LogWriteError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA secure_delete=ON")  # deleted text is overwritten, not left in free pages
+            self._db.executescript(_TABLES.format(real="REAL"))
+        except sqlite3.Error as e:
+            raise RequestLogError(f"request log {self.path}: {type(e).__name__}: {e}") from None
+
+    def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
+              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
+        rows = _rows(request_id, ts, sources, source_tokens, output_tokens, outputs)
+        head = (request_id, ts, model.get("name"), model.get("version"), model.get("variant"), len(sources), beam_size)
+        with self._lock:
+            self._transaction(lambda db: (db.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?)", head),
+                                          db.executemany("INSERT INTO sentences VALUES (?, ?, ?, ?, ?, ?, ?)", rows)))
+
+    def prune(self, retention_days: float, *, now: float | None = None) -> int:
+        cutoff = (time.time() if now is None else now) - retention_days * 86400
+
+        def delete(db: sqlite3.Connection) -> int:
+            db.execute("DELETE FROM sentences WHERE ts < ?", (cutoff,))
+            return db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,)).rowcount
+
+        with self._lock:
+            n = self._transaction(delete)
+            if n:
+                self._truncate_wal()
+        return n
+
+    def _transaction(self, body):
+        """``body(db)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; on any error ROLLBACK, then
+        ``LogWriteError`` (the connection is never left inside a transaction)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                out = body(self._db)
+                self._db.execute("COMMIT")
+                return out
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
+        except (sqlite3.Error, ValueError) as e:  # ValueError: text SQLite cannot encode
+            raise LogWriteError(f"request log {self.path}: {type(e).__name__}: {e}") from None
+
+    def _truncate_wal(self) -> None:
+        """Checkpoint the WAL into the database and truncate it (the deleted rows' old frames go with
+        it). Best effort with a short busy timeout: a reader holding an old snapshot postpones it to
+        the next prune, and requests are never held up for long."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA busy_timeout=200")
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
+
+    def latest(self, n: int) -> list[LoggedSentence]:
+        try:
+            with self._lock:
+                rows = self._db.execute(_LATEST.format(p="?"), (int(n),)).fetchall()
+        except sqlite3.Error as e:
+            raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
+        return [LoggedSentence(*r) for r in reversed(rows)]
+
+    def counts(self) -> dict[str, int]:
+        try:
+            with self._lock:
+                return {"requests": self._db.execute("SELECT count(*) FROM requests").fetchone()[0],
+                        "sentences": self._db.execute("SELECT count(*) FROM sentences").fetchone()[0]}
+        except sqlite3.Error as e:
+            raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
+
+    def request_ids(self) -> dict[str, int]:
+        try:
+            with self._lock:
+                rows = self._db.execute("SELECT request_id, count(*) FROM sentences GROUP BY request_id").fetchall()
+        except sqlite3.Error as e:
+            raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
+        return dict(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.close()
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+_URL = re.compile(r"^(postgres(?:ql)?)(\+psycopg2)?://", re.IGNORECASE)
+
+
+def is_url(target: str | Path) -> bool:
+    """True for a PostgreSQL URL (``postgresql://``, ``postgres://``, ``postgresql+psycopg2://``)."""
+    return isinstance(target, str) and bool(_URL.match(target))
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+class PostgresRequestLog(RequestLog):
+    """The request log in a PostgreSQL database, shared by several service replicas (module docstring).
+
+    ``url``: ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DB`` (``+psycopg2`` accepted). Connections
+    come from a small thread-safe pool (``max_connections``; more callers at once wait for one). Raises ``RequestLogError`` when
+    psycopg2 is missing or the database cannot be reached.
+    """
+
+    def __init__(self, url: str, *, max_connections: int = 4, connect_timeout_s: int = 10,
+                 read_only: bool = False) -> None:
+        try:
+            import psycopg2
+            import psycopg2.pool
+        except ImportError:
+            raise RequestLogError("a PostgreSQL request log needs psycopg2 (pip install psycopg2-binary)") from None
+        self._pg = psycopg2
+        self.location = redact(url)
+        dsn = _URL.sub("postgresql://", url)
+        self._max_connections = max(1, max_connections)
+        self._slots = threading.BoundedSemaphore(self._max_connections)  # the pool raises when empty: wait instead
+        try:
+            self._pool = psycopg2.pool.ThreadedConnectionPool(1, max(1, max_connections), dsn,
+                                                              connect_timeout=connect_timeout_s)
+        except psycopg2.Error as e:
+            raise RequestLogError(f"request log {self.location}: cannot connect: {_line(e)}") from None
+        if not read_only:
+            try:
+                self._run(self._create, retry=True)
+            except LogWriteError as e:
+                raise RequestLogError(str(e)) from None
+
+    @staticmethod
+    def _create(cur) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('aiayn.serving.request_log'))")  # replicas start together
+        cur.execute(_TABLES.format(real="DOUBLE PRECISION"))
+
+    def _run(self, body, *, retry: bool, conflict_means_done: bool = False):
+        """``body(cursor)`` in one transaction on a pooled connection. A dropped connection is closed
+        and, with ``retry``, the transaction run again on the next one (at most once per pooled
+        connection, plus one on a fresh connection); with ``conflict_means_done`` a unique violation on
+        a retry means an earlier attempt committed. Other errors roll back and raise ``LogWriteError``."""
+        with self._slots:
+            return self._attempts(body, retry=retry, conflict_means_done=conflict_means_done)
+
+    def _attempts(self, body, *, retry: bool, conflict_means_done: bool):
+        pg = self._pg
+        attempts = self._max_connections + 1 if retry else 1  # after a restart every pooled connection is dead
+        for attempt in range(attempts):
+            conn = None
+            try:
+                conn = self._pool.getconn()
+                with conn, conn.cursor() as cur:  # commit, or rollback on an exception
+                    out = body(cur)
+                self._pool.putconn(conn)
+                return out
+            except (pg.OperationalError, pg.InterfaceError) as e:  # the connection is gone
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        self._pool.putconn(conn, close=True)
+                if attempt == attempts - 1:
+                    raise LogWriteError(f"request log {self.location}: {_line(e)}") from None
+            except pg.errors.UniqueViolation as e:
+                self._pool.putconn(conn)
+                if attempt and conflict_means_done:
+                    return None
+                raise LogWriteError(f"request log {self.location}: UNIQUE constraint failed: {_line(e)}") from None
+            except (pg.Error, ValueError) as e:  # ValueError: text PostgreSQL cannot store (NUL)
+                if conn is not None:
+                    self._pool.putconn(conn)
+                raise LogWriteError(f"request log {self.location}: {type(e).__name__}: {_line(e)}") from None
+        raise AssertionError("unreachable")
+
+    def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
+              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
+        from psycopg2.extras import execute_values
+
+        rows = _rows(request_id, ts, sources, source_tokens, output_tokens, outputs)
+        head = (request_id, ts, model.get("name"), model.get("version"), model.get("variant"), len(sources), beam_size)
+
+        def insert(cur) -> None:
+            cur.execute("INSERT INTO requests VALUES (%s, %s, %s, %s, %s, %s, %s)", head)
+            execute_values(cur, "INSERT INTO sentences VALUES %s", rows)
+
+        self._run(insert, retry=True, conflict_means_done=True)
+
+    def prune(self, retention_days: float, *, now: float | None = None) -> int:
+        cutoff = (time.time() if now is None else now) - retention_days * 86400
+
+        def delete(cur) -> int:
+            cur.execute("DELETE FROM sentences WHERE ts < %s", (cutoff,))
+            cur.execute("DELETE FROM requests WHERE ts < %s", (cutoff,))
+            return cur.rowcount
+
+        return self._run(delete, retry=True)
+
+    def latest(self, n: int) -> list[LoggedSentence]:
+        def select(cur):
+            cur.execute(_LATEST.format(p="%s"), (int(n),))
+            return cur.fetchall()
+
+        try:
+            rows = self._run(select, retry=True)
+        except LogWriteError as e:
+            raise RequestLogError(f"{e} (unreadable)") from None
+        return [LoggedSentence(*r) for r in reversed(rows)]
+
+    def counts(self) -> dict[str, int]:
+        def count(cur):
+            cur.execute("SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM sentences)")
+            return cur.fetchone()
+
+        try:
+            r, s = self._run(count, retry=True)
+        except LogWriteError as e:
+            raise RequestLogError(f"{e} (unreadable)") from None
+        return {"requests": int(r), "sentences": int(s)}
+
+    def request_ids(self) -> dict[str, int]:
+        def select(cur):
+            cur.execute("SELECT request_id, count(*) FROM sentences GROUP BY request_id")
+            return cur.fetchall()
+
+        try:
+            return {rid: int(n) for rid, n in self._run(select, retry=True)}
+        except LogWriteError as e:
+            raise RequestLogError(f"{e} (unreadable)") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pool.closeall()
+
+
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def open_request_log(target: str | Path, *, busy_timeout_ms: int = 10_000, read_only: bool = False) -> RequestLog:
+    """The log at ``target``: a PostgreSQL URL (``is_url``), ``sqlite:///PATH``, or a file path (SQLite).
+
+    Raises ``RequestLogError`` when it cannot be opened (for ``read_only`` SQLite also when the file
+    is missing).
+    """
+    if is_url(target):
+        return PostgresRequestLog(str(target), read_only=read_only)
+    path = Path(str(target).removeprefix("sqlite:///")) if str(target).startswith("sqlite:///") else Path(target)
+    if read_only and not path.is_file():
+        raise RequestLogError(f"no request log at {path}")
+    return SqliteRequestLog(path, busy_timeout_ms=busy_timeout_ms, read_only=read_only)
