@@ -9,7 +9,7 @@ described (``monitoring.descriptors``), then runs two Evidently reports against 
   by the reference's standard deviation (an effect size), drift when >= ``stattest_threshold``
   (1.0). ``ks`` (the code default) is the two-sample Kolmogorov-Smirnov test, drift when its p-value
   < the threshold; with a 29k-sentence reference it flags statistically certain but harmless
-  differences (test_2017_flickr's 11 % shorter captions: docs/benchmarks.md). Evidently's own
+  differences (test_2017_flickr's 11 % shorter captions: docs/studies/drift-thresholds.md). Evidently's own
   default switches between K-S and Wasserstein with the reference size; pinning keeps a verdict
   comparable from week to week, and the summary records the test Evidently reports it ran.
 - **embedding drift**: ``EmbeddingsDrift`` on the PCA-reduced encoder embeddings

@@ -72,8 +72,8 @@ def test_each_paragraph_of_a_help_text_is_one_line_without_markup(monkeypatch):
 
 
 def test_a_stage_command_reads_params_from_root(tmp_path, monkeypatch):
-    """`cd elsewhere && aiayn corpus --root ../proj` said "params file not found: params.yaml" (new-user trial):
-    `--params` was read from the current folder, not from `--root` as `python -m pipelines.run_stage` reads it."""
+    """`cd elsewhere && aiayn corpus --root ../proj` reads `--params` from `--root`, as `python -m
+    pipelines.run_stage` does, not from the current folder (which gives "params file not found: params.yaml")."""
     import json
 
     proj, corpus, elsewhere = tmp_path / "proj", tmp_path / "corp", tmp_path / "elsewhere"
@@ -99,8 +99,8 @@ def test_a_stage_command_reads_params_from_root(tmp_path, monkeypatch):
 
 def test_check_says_where_multi30k_comes_from_until_it_is_fetched(tmp_path):
     """``aiayn check`` on the default params in a project whose data/multi30k holds nothing: fine (exit 0), and one
-    note naming ``aiayn fetch`` (a new user running the stages one by one got "ok" and then a corpus-stage error);
-    once the folder holds the corpus, no note."""
+    note naming ``aiayn fetch`` (without it, someone running the stages one by one gets "ok" and then a
+    corpus-stage error); once the folder holds the corpus, no note."""
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     result = CliRunner().invoke(app, ["check", "--root", str(tmp_path)])
     assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""docker-compose.yml, Dockerfile and .env.example, checked without Docker (issue 13).
+"""docker-compose.yml, Dockerfile and .env.example, checked without Docker.
 
 The build machines have no Docker engine, so the stack is checked two ways:
 
@@ -352,7 +352,7 @@ def test_dockerignore_keeps_git_and_drops_local_state():
 def test_serving_log_is_shared_with_the_drift_check(compose):
     monitor = yaml.safe_load((REPO / "params.yaml").read_text())["monitor"]
     assert check_serving_log_shared(compose, monitor["log_path"]) == []
-    # the replicas' one log (issue 27): the `serving` database the init script creates, on postgres
+    # the replicas' one log: the `serving` database the init script creates, on postgres
     serve = _services(compose)["serve"]
     assert serve["deploy"]["replicas"] >= 2 and "--log-path" not in serve["command"]
     url = _request_log_url(serve)

@@ -1,4 +1,4 @@
-"""Issue 26 end to end, through real ``dvc repro`` / ``dvc exp run`` in scratch projects (slow tier).
+"""Corpus sources end to end, through real ``dvc repro`` / ``dvc exp run`` in scratch projects (slow tier).
 
 - a corpus the test writes, in each local format (Moses, TSV, JSONL), trains through ``dvc repro``
   with no hand step, and the hygiene report counts a duplicate, an empty line, a test-contaminated

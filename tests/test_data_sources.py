@@ -1,4 +1,4 @@
-"""Corpus sources (issue 26): every local format, Hugging Face datasets and sacreBLEU test sets through the
+"""Corpus sources: every local format, Hugging Face datasets and sacreBLEU test sets through the
 corpus and prepare stages; the hygiene report; every bad-input case; the config checks; the pair's
 registered model name; the WMT14 config on a local stand-in of its Hugging Face schema."""
 
@@ -207,7 +207,7 @@ class _SpyRecorder:
 
 
 def test_prepare_records_its_hygiene_counts_and_report(tmp_path):
-    """Issue 26: the report is logged to the tracker (its own ``prepare`` run), not only a DVC metric."""
+    """The report is logged to the tracker (its own ``prepare`` run), not only a DVC metric."""
     dirty = list(TRAIN[:10]) + [("   ", "leer"), TEST[2]]
     _moses(tmp_path / "c", {"train": dirty, "val": VAL, "test": TEST})
     params = _params({"kind": "moses", "path": str(tmp_path / "c")})
@@ -246,8 +246,8 @@ def test_misaligned_files_name_both_files_and_counts(tmp_path):
 
 @pytest.mark.parametrize("blanks", [1, 2])
 def test_a_trailing_blank_line_is_named_as_such(tmp_path, blanks):
-    """Stop 46's trial: one file of a pair ending in an extra blank line was reported as plain "misaligned:
-    5 lines but 6". The message now points at the blank line(s) to delete; other extra lines are not called blank."""
+    """One file of a pair ending in an extra blank line is not reported as plain "misaligned: 5 lines but 6":
+    the message points at the blank line(s) to delete; other extra lines are not called blank."""
     _moses(tmp_path / "c", {"val": VAL, "test": TEST})
     _write(tmp_path / "c" / "train.en", [s for s, _ in TRAIN])
     de = _write(tmp_path / "c" / "train.de", [t for _, t in TRAIN] + [" "] * blanks)
@@ -377,7 +377,7 @@ def test_empty_line_in_a_test_split_is_fatal_and_named(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["jsonl-null", "jsonl-empty", "tsv"])
 def test_an_empty_side_in_a_test_split_is_named_in_its_format_words(tmp_path, fmt):
-    """A JSONL null or a TSV empty column is not an "empty line" (the trial's report): name the field."""
+    """A JSONL null or a TSV empty column is not an "empty line": name the field."""
     folder = tmp_path / "c"
     if fmt == "tsv":
         _tsv(folder, {"train": TRAIN, "val": VAL, "test": TEST[:1] + [(TEST[1][0], "")] + TEST[2:]})
@@ -562,7 +562,7 @@ def test_wmt14_configs_pass_the_check_and_the_old_one_did_not(tmp_path):
         assert {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor"} <= set(raw)
         assert raw["data"]["corpus"]["path"]  # dvc.yaml's ${data.corpus.path} resolves from the file itself
     old = yaml.safe_load((REPO / "configs" / "wmt14_base.yaml").read_text())
-    del old["quantize"], old["monitor"], old["data"]["corpus"]  # what wmt14_base.yaml held before issue 26
+    del old["quantize"], old["monitor"], old["data"]["corpus"]  # a params file without these sections (an older wmt14_base.yaml)
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
     problems = check_params_file(tmp_path / "old.yaml", REPO)
     assert any("quantize.gate_split 'test_2016_flickr' is not one of data.test_splits ['newstest2014']" in p

@@ -1,6 +1,6 @@
 """What ``data.dvc`` versions and what the pipeline reports of it: Multi30k's folder only, a corpus of one's
 own (under ``data/`` or elsewhere) outside it, the cache step that never commits data that differs, and the
-report after a ``dvc repro`` that re-versioned a data source (stop 43)."""
+report after a ``dvc repro`` that re-versioned a data source."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_cache_data_commits_only_data_that_matches_its_dvc_file(tmp_path, prefect_harness, monkeypatch):
     """A ``.dvc`` file whose data the cache lacks (a fresh clone) and whose output folder holds other data
-    (here ``data/`` with a corpus of the user's own, as ``data.dvc`` versioned until stop 43) must give a
+    (here a ``data.dvc`` versioning all of ``data/``, which holds a corpus of the user's own) must give a
     warning, not a crash, and stay as it was. DVC's status says only "not in cache" there whatever the
-    workspace holds: the old code took that for "same hash" and ``repo.commit`` raised ``StageCommitError``,
-    failing ``make run`` before any stage."""
+    workspace holds: taking that for "same hash" makes ``repo.commit`` raise ``StageCommitError``, failing
+    ``make run`` before any stage."""
     from dvc.repo import Repo
     from prefect import flow
 
@@ -126,10 +126,10 @@ def test_a_corpus_anywhere_is_named_by_the_hash_dvc_recorded(tmp_path, monkeypat
 
 
 def test_the_run_around_dvc_repro_is_tagged_with_the_corpus_the_stages_read(tmp_path, monkeypatch):
-    """The pipeline flow's ``orchestrate`` run wraps ``dvc repro`` and read its lineage when it started, from
-    the ``dvc.lock`` of the run before: a fresh clone's first run on a corpus of one's own kept the main job's
-    Multi30k as ``data.version`` there (found by the new-user trial of a corpus outside the project).
-    ``Tracker.refresh_lineage`` re-tags it, and the parent, from the ``dvc.lock`` the stages wrote."""
+    """The pipeline flow's ``orchestrate`` run wraps ``dvc repro`` and reads its lineage when it starts, from
+    the ``dvc.lock`` of the run before: a fresh clone's first run on a corpus of one's own (outside the project)
+    would keep the main job's Multi30k as ``data.version`` there. ``Tracker.refresh_lineage`` re-tags it, and
+    the parent, from the ``dvc.lock`` the stages wrote."""
     from mlflow import MlflowClient
 
     from aiayn.tracking import Tracker
@@ -294,9 +294,9 @@ def test_the_model_card_names_the_data_on_disk_not_a_stale_lock(tmp_path):
 
 
 def test_the_source_dataset_is_the_corpus_the_stage_reads(tmp_path):
-    """The train run's ``source`` dataset input was every ``*.dvc`` file's output, so a run on a corpus of one's own
-    (``../extmine`` in the new-user trial) listed Multi30k as what it was trained from. Now it is the corpus the
-    stage's config names, hashed now; Multi30k's is still described by ``data.dvc``'s record."""
+    """The train run's ``source`` dataset input is the corpus the stage's config names, hashed now, not every
+    ``*.dvc`` file's output (which would list Multi30k as what a run on a corpus of one's own, ``../extmine``,
+    was trained from); Multi30k's is still described by ``data.dvc``'s record."""
     from aiayn.provenance import dvc_hash
     from aiayn.tracking.lineage import dvc_datasets
 

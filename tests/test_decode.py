@@ -150,7 +150,7 @@ def test_beam_scores_equal_teacher_forced_logprob(model):
 
 @pytest.mark.parametrize("eos_bias", [0.0, -1e4])  # outputs that end by themselves / are cut at the cap
 def test_greedy_hypothesis_scores_equal_teacher_forced_logprob(model, eos_bias):
-    """Issue 27: the greedy path scores its output like the beam search does."""
+    """The greedy path scores its output like the beam search does."""
     lengths = [6, 3, 9]
     src = padded_batch(lengths, seed=7)
     decoder = LogitBias(model, {EOS_ID: eos_bias}).eval() if eos_bias else model  # eval: left in eval mode
@@ -308,7 +308,7 @@ def test_bad_arguments_raise(model):
 
 
 def test_greedy_scores_follow_the_length_norm_the_beam_uses(model):
-    """Merge of issues 25 and 27: with ``length_norm="fairseq"`` the greedy score is ``logprob / |Y+1| ** a``
+    """With ``length_norm="fairseq"`` the greedy score is ``logprob / |Y+1| ** a``
     (as the beam search scores), not GNMT's; an unknown norm is refused before any work."""
     src = padded_batch([6, 3], seed=9)
     gnmt = greedy_decode_hypotheses(model, src, max_len_b=5, len_penalty=0.6)

@@ -1,4 +1,4 @@
-"""``ModelConfig.arch='decoder_only'`` (issue 15): one causal stack over ``[source, EOS, BOS, target]``.
+"""``ModelConfig.arch='decoder_only'``: one causal stack over ``[source, EOS, BOS, target]``.
 
 Shapes and parameter counts, target-only loss masking, padding invariance for every ``positions``
 value (each row left-padded with its own position ids), cache vs. full recompute (step logits, greedy

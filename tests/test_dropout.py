@@ -1,5 +1,5 @@
 """The cheaper CPU step: dropout's mask from a quarter of the random draws, rotary positions as one complex
-multiply, torch's fused Adam (docs/benchmarks.md, "A cheaper CPU step")."""
+multiply, torch's fused Adam (docs/studies/job-sizing.md, "The CPU step's form")."""
 
 from __future__ import annotations
 

@@ -146,16 +146,16 @@ def test_dvcignore_excludes_bytecode():
 @pytest.mark.parametrize("params_file", ["params.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))])
 def test_every_param_a_stage_names_is_in_the_shipped_params_file(params_file):
     """DVC refuses to run a stage whose `params:` entry the params file lacks ("Parameters ... are missing from
-    'params.yaml'"): `make run` on a fresh clone failed at the train stage this way (evaluate.length_norm and
-    evaluate.bleu_tokenize, named since issue 25, were only in the scratch projects' resolved files)."""
+    'params.yaml'"), so a param only the scratch projects' resolved files hold would fail `make run` on a fresh
+    clone at that stage."""
     missing = dvc_params_missing(yaml.safe_load((REPO / params_file).read_text()), REPO / "dvc.yaml")
     assert not missing, f"{params_file} lacks what dvc.yaml's stages name: {missing}"
 
 
 def test_aiayn_check_names_the_keys_dvc_would_refuse(tmp_path):
-    """A new user's params.yaml without `evaluate.length_norm` and `evaluate.bleu_tokenize`: `aiayn check` said
-    "ok", then `dvc repro` ran corpus, prepare and tokenize and refused the train stage ("Parameters ... are
-    missing from 'params.yaml'"). `aiayn check` now names them and the stages."""
+    """A params.yaml without `evaluate.length_norm` and `evaluate.bleu_tokenize`: `dvc repro` would run corpus,
+    prepare and tokenize and then refuse the train stage ("Parameters ... are missing from 'params.yaml'"), so
+    `aiayn check` names the keys and the stages up front."""
     import subprocess
     import sys
 

@@ -215,8 +215,8 @@ def test_bytecode_caches_leave_dvc_status_clean(project):
     # editing the evaluate stage makes evaluate stale, and leaves training alone
     ("src/aiayn/stages/evaluate.py", "import logging", "import logging  # edited", {"evaluate"},
      {"prepare", "tokenize", "train"}),
-    # decoding is a dep of train too since training decodes the validation split (issue 25:
-    # train.valid_bleu, early stopping and checkpoint choice on it), and of evaluate; never of the data stages
+    # decoding is a dep of train too, since training decodes the validation split (train.valid_bleu, early
+    # stopping and checkpoint choice on it), and of evaluate; never of the data stages
     ("src/aiayn/inference/search.py", "import torch", "import torch  # edited", {"train", "evaluate"}, {"prepare", "tokenize"}),
 ])
 def test_a_code_edit_makes_exactly_its_stages_stale(project, path, old, new, stale, fresh):
@@ -234,7 +234,7 @@ def test_a_code_edit_makes_exactly_its_stages_stale(project, path, old, new, sta
 
 
 def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, multi30k_mirror):
-    """Issue 12's known failure kinds on real Multi30k, with the smoke pipeline's model and reference
+    """The drift detector's known failure kinds on real Multi30k, with the smoke pipeline's model and reference
     (2,000 training sentences): same-domain Flickr windows and small training resamples are not
     flagged, German/French and noisy English always are. The full-model numbers are in the README."""
     from aiayn.config.schema import load_params
@@ -268,8 +268,8 @@ def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, mult
 
 def test_temp_experiment_with_alibi_positions_tracks_into_the_projects_store(project):
     """`dvc exp run --temp` runs the stages in a copy under .dvc/tmp/exps and deletes it: its MLflow runs
-    must land in the project's store (issue 15). The variant is a model DVC must retrain: ALiBi
-    positions, which the CTranslate2 converter does not map (rotary ones it does since stop 49), so
+    must land in the project's store. The variant is a model DVC must retrain: ALiBi positions,
+    which the CTranslate2 converter does not map (rotary ones it does), so
     quantize records its variants as skipped and export falls back to the eager model, instead of the
     stage failing."""
     from mlflow.tracking import MlflowClient

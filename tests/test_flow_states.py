@@ -1,5 +1,5 @@
-"""What Prefect shows of a stage that ends badly: its task run's state, not only its flow run's (stop 46's trial found
-a failed stage's task run ``Completed`` with only the flow ``Failed``)."""
+"""What Prefect shows of a stage that ends badly: its task run's state, not only its flow run's (a failed stage's
+task run must not read ``Completed`` with only the flow ``Failed``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hugging Face Marian export (issue 28): the exact mapping on small random models, the tokenizer,
+"""Hugging Face Marian export: the exact mapping on small random models, the tokenizer,
 the generation config, offline loading, refusals, the CLI, the export stage and MLflow's
 transformers flavor; the smoke pipeline's trained model on its test split (slow tier).
 

@@ -1,10 +1,9 @@
 """No import cycle among our modules (``src/aiayn``, ``pipelines``, ``monitoring``), read from the source with ``ast``.
 
 Every import statement is an edge, at any depth: a lazy import inside a function still ties
-the two modules together (issue 24: ``stages/train.py`` and ``stages/train_worker.py`` each
-imported the other inside a function). An edge goes to the most specific module the
-statement names (``from aiayn.x import y``: ``aiayn.x.y`` when that is a module, else
-``aiayn.x``). The implicit import of parent packages is not an edge: a package's
+the two modules together (two modules that each import the other inside a function are a
+cycle). An edge goes to the most specific module the statement names (``from aiayn.x import y``:
+``aiayn.x.y`` when that is a module, else ``aiayn.x``). The implicit import of parent packages is not an edge: a package's
 ``__init__`` re-exporting its submodules, which import each other by full name, is the
 ordinary layout and Python resolves it; a submodule that takes a *name* from its package's
 ``__init__`` is an edge to it, and a cycle when that ``__init__`` imports the submodule.
@@ -105,7 +104,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
 
 
 def test_a_lazy_import_closing_a_loop_is_a_cycle(tmp_path):
-    """The shape issue 24 found: a imports b at the top, b imports a name of a inside a function."""
+    """A cycle closed lazily: a imports b at the top, b imports a name of a inside a function."""
     roots = _package(tmp_path, {
         "pkg/__init__.py": "",
         "pkg/a.py": "from pkg.b import helper\n",

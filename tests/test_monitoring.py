@@ -79,7 +79,7 @@ def test_descriptors_of_a_sentence_counted_by_hand(world):
 
 
 def test_nfd_and_nfc_give_the_same_descriptors(world):
-    """Issue 27, case 10: decomposed accents (NFD) are normalised as the tokenizer normalises them
+    """Decomposed accents (NFD) are normalised as the tokenizer normalises them
     (NFKC), so they are not counted as non-letter characters nor as extra length."""
     import unicodedata
 

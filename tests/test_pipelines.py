@@ -483,7 +483,7 @@ def test_pipeline_flow_reproduces_pushes_and_reports(smoke_pipeline, prefect_har
 
 @pytest.mark.slow
 def test_pipeline_fails_with_the_failing_stage_message(tmp_path, prefect_harness, multi30k_mirror, monkeypatch):
-    """A config problem stops the flow before any stage (``aiayn check``, issue 26); a problem only the
+    """A config problem stops the flow before any stage (``aiayn check``); a problem only the
     data shows (a misaligned corpus) fails its stage, and the flow's message names the stage and the files."""
     from pipelines.pipeline import pipeline
     from support.scratch import scratch_project
@@ -631,7 +631,7 @@ def test_stage_from_a_bare_environment_then_ctrl_c_in_train(tmp_path, smoke_root
 
 
 def test_render_report_opens_with_a_cut_budget():
-    """Issue 25: a run cut by the clock says so in the report's first line; a complete one says how it ended."""
+    """A run cut by the clock says so in the report's first line; a complete one says how it ended."""
     from pipelines.pipeline import render_report
 
     common = dict(metrics=None, scores=None, data_hashes={}, mlflow_link=None, ran=[], push=None)

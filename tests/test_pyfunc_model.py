@@ -78,10 +78,10 @@ def _with_dependencies(names):
 
 
 def test_the_saved_pyfunc_loads_where_aiayn_is_not_installed(tmp_path):
-    """The trial of stop 46: the logged model's requirements.txt could not build an environment that loads it,
-    because its code file imports aiayn (not on PyPI). The model now carries the aiayn package (MLflow
-    ``code_paths``), and every distribution aiayn's code imports while loading and predicting is in its
-    requirements.txt or required by one there. Fails on the old code: ``No module named 'aiayn'``."""
+    """The logged model's requirements.txt must build an environment that loads it, although its code file
+    imports aiayn (not on PyPI): the model carries the aiayn package (MLflow ``code_paths``), and every
+    distribution aiayn's code imports while loading and predicting is in its requirements.txt or required by
+    one there. Without ``code_paths`` it fails with ``No module named 'aiayn'``."""
     import os
     import subprocess
     import sys

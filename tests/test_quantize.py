@@ -210,7 +210,7 @@ def test_parallel_workers_decode_exactly_like_one(tok, tmp_path, beam):
 
 @pytest.mark.parametrize("beam, eos", [(1, 4.0), (1, 1.0), (4, 4.0), (4, 1.0)])
 def test_n_best_scores_are_the_eager_decoder_s(tok, tmp_path, beam, eos):
-    """Issue 27: CTranslate2's n-best come with the scores our decoder gives the same tokens (the
+    """CTranslate2's n-best come with the scores our decoder gives the same tokens (the
     model's teacher-forced log-probability, length-normalised), whether the outputs end by themselves
     (EOS made likelier) or at their cap; the 1-best stays ``translate_ids``'s; a hypothesis both
     decoders find gets the same number from both, within float32 rounding."""

@@ -81,7 +81,7 @@ def test_refuses_length_mismatch_and_empty():
         score([], [])
 
 
-# --------------------------------------------------------------------------- the target language's tokenizer (issue 26)
+# --------------------------------------------------------------------------- the target language's tokenizer
 
 
 def test_bleu_tokenizer_follows_the_target_language():

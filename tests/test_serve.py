@@ -259,7 +259,7 @@ def test_request_log_is_wal_and_a_failed_write_raises(tmp_path):
 
 
 def test_a_failed_prune_rolls_back_and_pruned_text_leaves_the_file(tmp_path):
-    """Issue 27, cases 6-7 at the log's level: a prune that fails (a trigger raising on DELETE, as a
+    """At the log's level: a prune that fails (a trigger raising on DELETE, as a
     full disk would) is rolled back, so later writes succeed and another writer is not locked out;
     a prune that works leaves none of the deleted text in the database or its WAL."""
     path = tmp_path / "log.db"

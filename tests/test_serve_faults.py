@@ -1,5 +1,5 @@
-"""``aiayn serve`` against what broke its peers (issue 27): real ``aiayn serve`` processes on free
-loopback ports, each case of the issue's table as a new user met it.
+"""``aiayn serve`` against hostile and broken clients: real ``aiayn serve`` processes on free
+loopback ports, each case as a client would meet it.
 
 Hostile JSON (a 5,000-digit number, 1,000 and 50,000 nested arrays, a lone surrogate), one giant
 request while ``/health`` is watched, a client that hangs up mid-decode, unknown characters (the
@@ -97,14 +97,14 @@ def post_raw(url: str, body: bytes, timeout: float = 60) -> httpx.Response:
     return httpx.post(f"{url}/translate", content=body, headers={"content-type": "application/json"}, timeout=timeout)
 
 
-# --------------------------------------------------------------------------- cases 1-3: hostile JSON
+# --------------------------------------------------------------------------- hostile JSON
 
 
 @pytest.mark.parametrize("body, kind, needle", [
-    (b'{"sentences":["A dog."],"beam_size":1' + b"0" * 5000 + b"}", "invalid_json", "4300 digits"),  # case 1
-    (b'{"sentences": ' + b"[" * 1000 + b"]" * 1000 + b"}", "invalid_json", "nested too deeply"),  # case 2
+    (b'{"sentences":["A dog."],"beam_size":1' + b"0" * 5000 + b"}", "invalid_json", "4300 digits"),
+    (b'{"sentences": ' + b"[" * 1000 + b"]" * 1000 + b"}", "invalid_json", "nested too deeply"),
     (b'{"sentences": ' + b"[" * 50000 + b"]" * 50000 + b"}", "invalid_json", "nested too deeply"),
-    (b'{"sentences":["\\ud800 A man rides a bike."]}', "invalid_text", "sentences[0] holds a lone UTF-16 surrogate"),  # case 3
+    (b'{"sentences":["\\ud800 A man rides a bike."]}', "invalid_text", "sentences[0] holds a lone UTF-16 surrogate"),
 ])  # fmt: skip
 def test_hostile_json_is_a_counted_400_naming_the_problem(server, body, kind, needle):
     before = (server.metric("aiayn_requests_total", status="400"), server.metric("aiayn_errors_total", kind=kind),
@@ -119,7 +119,7 @@ def test_hostile_json_is_a_counted_400_naming_the_problem(server, body, kind, ne
     assert post_raw(server.url, b'{"sentences": ["a man"]}').status_code == 200  # still serving
 
 
-# --------------------------------------------------------------------------- case 4: one giant request
+# --------------------------------------------------------------------------- one giant request
 
 
 def test_a_giant_request_is_refused_at_once_and_health_never_stalls(server):
@@ -143,7 +143,7 @@ def test_a_giant_request_is_refused_at_once_and_health_never_stalls(server):
     assert worst < 2.0, f"/health took {worst:.2f} s while the request was prepared"
 
 
-# --------------------------------------------------------------------------- case 5: the client hangs up
+# --------------------------------------------------------------------------- the client hangs up
 
 
 def test_a_client_that_hangs_up_is_neither_decoded_on_nor_logged(world, tmp_path):
@@ -188,7 +188,7 @@ def test_a_client_that_hangs_up_is_neither_decoded_on_nor_logged(world, tmp_path
         server.stop()
 
 
-# --------------------------------------------------------------------------- case 11: no text in the server log
+# --------------------------------------------------------------------------- no text in the server log
 
 
 def test_unknown_characters_are_counted_in_the_server_log_never_quoted(server):
@@ -203,7 +203,7 @@ def test_unknown_characters_are_counted_in_the_server_log_never_quoted(server):
     assert [s for (s,) in logged] == ["a \u2603\u2603 man", "two dogs \u0416\u0416"]  # the text lives here only
 
 
-# --------------------------------------------------------------------------- case 8: a body that never ends
+# --------------------------------------------------------------------------- a body that never ends
 
 
 def _stalled_upload(port: int) -> socket.socket:
@@ -261,7 +261,7 @@ def test_sigterm_cuts_stalled_uploads_and_answers_requests_in_flight(world, tmp_
     assert sqlite3.connect(s.db).execute("SELECT count(*) FROM requests").fetchone()[0] == 1
 
 
-# --------------------------------------------------------------------------- cases 6-7: retention and a failed prune
+# --------------------------------------------------------------------------- retention and a failed prune
 
 
 def test_retention_runs_on_its_own_timer_and_a_failed_prune_rolls_back(world, tmp_path):
@@ -296,7 +296,7 @@ def test_retention_runs_on_its_own_timer_and_a_failed_prune_rolls_back(world, tm
     assert b"qzqzmarker" not in stored
 
 
-# --------------------------------------------------------------------------- case 9: the port is taken
+# --------------------------------------------------------------------------- the port is taken
 
 
 def test_a_taken_port_is_one_line_and_exit_2_before_the_model_loads(world, tmp_path):

@@ -158,7 +158,7 @@ def test_sigterm_finishes_requests_in_flight_and_flushes_the_log(world, tmp_path
 
 
 def test_two_replicas_on_postgres_log_every_answer_exactly_once(world, tmp_path):
-    """Issue 27: two ``aiayn serve`` replicas write one PostgreSQL request log; 100 concurrent clients
+    """Two ``aiayn serve`` replicas write one PostgreSQL request log; 100 concurrent clients
     spread over them, in two waves with every database connection dropped in between: every
     answered sentence is logged exactly once, and the drift monitor reads the window from the same
     database."""

@@ -244,7 +244,7 @@ def test_tokenize_stage_requires_prepare(tmp_path):
         tokenize_stage.run(Params(), Layout(tmp_path))
 
 
-# --------------------------------------------------------------------------- streaming (issue 26)
+# --------------------------------------------------------------------------- streaming
 
 
 def test_encode_files_writes_what_save_encoded_writes(tmp_path):

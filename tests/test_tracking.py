@@ -281,7 +281,7 @@ def test_register_model_with_alias(tmp_path: Path, store, client: MlflowClient) 
 def test_run_url(tmp_path: Path, store) -> None:
     with _tracker("prepare", tmp_path, store) as t:
         url = t.run_url()
-        # the venv's own mlflow (a shell without the venv on PATH has none: seen by a new user)
+        # the venv's own mlflow (a shell without the venv on PATH has none)
         command = str(Path(sys.executable).parent / "mlflow")
         assert url.startswith(f"{command} ui --backend-store-uri {store[0]}") and t.run_id in url, url
     assert t.run_url() is None  # after exit
@@ -456,7 +456,7 @@ def test_import_is_lazy() -> None:
     assert tracking.__name__ == "aiayn.tracking"
 
 
-# ----------------------------------------------------------------- what the MLflow UI shows (issue 13)
+# ----------------------------------------------------------------- what the MLflow UI shows
 
 
 def test_experiment_kind_is_model_training(tmp_path: Path, store, client: MlflowClient) -> None:
@@ -554,7 +554,7 @@ def test_datasets_become_run_inputs(tmp_path: Path, store, client: MlflowClient)
     assert parent["test_b.en"][1] == "test"
 
 
-# ----------------------------------------------------------------- concurrent stages, DVC experiments (issue 15)
+# ----------------------------------------------------------------- concurrent stages, DVC experiments
 
 CONCURRENT_STAGE = r"""
 import sys
@@ -601,7 +601,7 @@ def test_dvc_experiment_copies_track_into_the_projects_store(tmp_path: Path, mon
     assert resolve_tracking_uri(copy) == "http://tracking:5000"
 
 
-# ----------------------------------------------------------------- issue 25: a pipeline run readable at a glance
+# ----------------------------------------------------------------- a pipeline run readable at a glance
 
 
 def test_pipeline_writes_do_not_make_a_fresh_clone_dirty(tmp_path: Path) -> None:
@@ -680,8 +680,8 @@ def test_the_pipeline_run_description_opens_with_the_budget(tmp_path: Path, stor
     first = text.splitlines()[0]
     assert first.startswith("**WARNING: training CUT by max_time_s at step 1590")
     assert "| test_2016_flickr | 31.50 | 55.00 |" in text
-    # each validation line says whose scores they are (seen by a new user: "averaged_valid_*" named a single
-    # checkpoint, and "valid_*" the last in-training validation, 400 steps before the end, side by side)
+    # each validation line says whose scores they are ("averaged_valid_*" may name a single checkpoint, and
+    # "valid_*" the last in-training validation, 400 steps before the end, side by side)
     assert "Validation of the chosen model: loss 3.26 (`averaged_valid_loss`), BLEU 30.1 (`averaged_valid_bleu`)" in text
     assert "Last validation during training: loss 3.31 (`valid_loss`), BLEU 29.4 (`valid_bleu`)" in text
     assert "Model: step 1590" in text and "`5555eeee.dir`" in text
@@ -690,4 +690,4 @@ def test_the_pipeline_run_description_opens_with_the_budget(tmp_path: Path, stor
                                              ).startswith("Training complete: max_steps 2600 reached")
     described = tracking.parent.describe_pipeline({}, {"data.corpus.kind": "hf", "data.corpus.pair": "en-fr",
                                                        "data.corpus.revision": "abc123", "data.version": "d.dir"})
-    assert "Corpus: kind hf, pair en-fr, revision abc123. Data version: `d.dir`" in described  # issue 26
+    assert "Corpus: kind hf, pair en-fr, revision abc123. Data version: `d.dir`" in described

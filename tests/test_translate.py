@@ -1,4 +1,4 @@
-"""Translation on real-world input (issue 9): blank, multi-break, unknown, over-long and badly encoded
+"""Translation on real-world input: blank, multi-break, unknown, over-long and badly encoded
 lines; streaming, Ctrl-C, broken pipes and fail-fast model loading in ``aiayn translate``.
 
 Everything runs on a smoke model: a sentencepiece model trained on 1,000 + 1,000 Multi30k training

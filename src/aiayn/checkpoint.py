@@ -31,6 +31,7 @@ from aiayn.io import atomic_path, atomic_write_json, sha256_file
 __all__ = [
     "CheckpointError",
     "TrainState",
+    "cuda_rng_states",
     "save_checkpoint",
     "load_checkpoint",
     "list_checkpoints",
@@ -75,11 +76,17 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
+def cuda_rng_states(state: dict[str, Any]) -> list[Any]:
+    """The ``cuda{i}`` entries of a ``capture_rng`` snapshot in device order: by the number ``i``, so
+    ``cuda10`` comes after ``cuda9`` (sorting the keys as strings would put it before ``cuda2``)."""
+    return [state[k] for k in sorted((k for k in state if k.startswith("cuda")), key=lambda k: int(k[4:]))]
+
+
 def restore_rng(state: dict[str, Any]) -> None:
     """Inverse of ``capture_rng``."""
     torch.set_rng_state(state["torch"])
     if torch.cuda.is_available():
-        cuda = [state[k] for k in sorted(k for k in state if k.startswith("cuda"))]
+        cuda = cuda_rng_states(state)
         if cuda:
             torch.cuda.set_rng_state_all(cuda)
     n = state["numpy"]

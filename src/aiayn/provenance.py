@@ -322,7 +322,8 @@ def dvc_hash(path: str | Path, digests: Digests | None = None, project_root: str
     what its ``.dvcignore`` and DVC's defaults leave out) sorted by ``relpath`` (dvc-data's ``Tree.as_bytes``;
     checked against ``dvc repro``'s lock in the tests). None when the path does not exist.
 
-    Cost: one read of every byte (MD5: ~0.8 GB/s a core on the Zen 4 of docs/benchmarks.md). ``digests``: a memo
+    Cost: one read of every byte (MD5: ~0.7 GB/s a core on an AMD Zen 4,
+    docs/results.md#what-a-stage-runs-lineage-reads). ``digests``: a memo
     that reads each unchanged file once (``Digests``).
     """
     p, digest = Path(path), digests or file_digest

@@ -290,7 +290,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # CPU default for Multi30k (29k pairs): 3+3 layers, d_model 256, head_dim 64,
     # d_ff 512. A deliberate, recorded deviation from base: Multi30k is ~150x
     # smaller than WMT14 and the main job must finish on 2 CPU cores in 45 min
-    # (d_ff 512 trains ~1.7x faster than 1024 there; docs/benchmarks.md).
+    # (d_ff 512 trains ~1.28x faster than 1024 there: 1024 ran at 0.78x the tokens/s and
+    # scored lower in the job's time; docs/studies/job-sizing.md, "Other shapes at the job's time").
     "tiny": dict(d_model=256, n_heads=4, d_ff=512, n_layers=3, dropout=0.1),
 }
 
@@ -313,13 +314,14 @@ class ValidBleuConfig(_Strict):
     and score it with sacreBLEU next to the validation loss (``aiayn.train.validation``).
 
     Decoding runs in eval mode without touching any RNG (dropout is reseeded per batch), so the trained
-    weights are bitwise the same with it on or off; it costs decode time only (docs/benchmarks.md).
+    weights are bitwise the same with it on or off; it costs decode time only (measure it with
+    ``benchmarks/perf/valid_bleu_cost.py``).
     """
 
     enabled: bool = Field(True, description="Decode and score the validation split at every validation.")
     sentences: int | None = Field(None, ge=1, description="Size of a fixed, seeded sample of the validation split "
-                                  "(None: the whole split; greedy on Multi30k's 1014 sentences costs ~3.7 training "
-                                  "steps of the main job, docs/benchmarks.md).")
+                                  "(None: the whole split; each validation then decodes all of it, which costs "
+                                  "decode time only; benchmarks/perf/valid_bleu_cost.py measures it).")
     seed: int = Field(0, description="Seed of the sample (numpy PCG64; the sample never changes within a run).")
     beam_size: int = Field(1, ge=1, description="1: greedy (the cheap default); > 1: beam search with evaluate's "
                            "len_penalty and length_norm.")
@@ -399,12 +401,13 @@ class TrainConfig(_Strict):
         "fp32", description="Autocast dtype of the forward pass; the loss and softmax statistics stay fp32. fp16 adds "
                             "a dynamic loss scaler and needs CUDA; bf16 runs on CUDA (and, slowly, on CPU).")
     compile: bool = Field(False, description="torch.compile the model for training (dynamic shapes). On a 2-core CPU "
-                                             "it is 0.87x eager plus ~1 min of compilation (docs/benchmarks.md).")
+                                             "it is 0.87x eager plus ~1 min of compilation (docs/results.md"
+                                             "#what-the-steps-parts-and-settings-cost).")
     loss_chunk_tokens: int | None = Field(
         512, ge=1, description="Target tokens per chunk of the fused output projection + loss "
                                "(aiayn.train.linear_label_smoothed_cross_entropy: the batch's (B, T, V) logits never "
                                "exist whole; 1.04x the main job's step on a 2-core CPU, within the spread: its gain is memory at "
-                               "large vocabularies, docs/benchmarks.md). Used when "
+                               "large vocabularies, docs/studies/job-sizing.md). Used when "
                                "precision is fp32 and distributed is not fsdp; null: the plain logits path.")
     max_skipped_updates: int = Field(
         10, ge=0, description="Updates with a non-finite gradient are skipped, counted and logged (a loss-spike guard); "

@@ -86,29 +86,31 @@ TEST_DISTRIBUTED_ENV = "AIAYN_TEST_DISTRIBUTED"
 
 #: Set where an aiayn process starts, unless already set. ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP
 #: workers sleep instead of spinning; on a 2-core machine with one or two other busy processes,
-#: 2-thread training keeps ~0.5 of its idle speed instead of ~0.3-0.4, idle it costs ~8 %
-#: (docs/benchmarks.md, ``benchmarks/contention.py``). Speed only, never results; no effect once
-#: torch has loaded its OpenMP runtime.
+#: 2-thread training keeps ~0.56-0.62 of its idle speed instead of ~0.37-0.38, idle it costs ~5 %
+#: (docs/studies/thread-oversubscription.md, ``benchmarks/contention.py``). Speed only, never results;
+#: no effect once torch has loaded its OpenMP runtime.
 PROCESS_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: Set too where the CPU has AVX2 and FMA (every x86 host this project has seen): PyTorch's
 #: vectorised CPU kernels (softmax, layer norm, elementwise ops, reductions) take their AVX2 versions
 #: on AVX-512 hosts as well, where PyTorch would pick AVX-512 and sum in another order. With MKL's
 #: fp32 GEMM, which takes one code path on AMD hosts with and without AVX-512 (measured), a run gives
-#: the same bytes on both (docs/benchmarks.md, "The same bytes on AVX2 and AVX-512 hosts"). Results,
+#: the same bytes on both (docs/studies/same-bytes-per-host-class.md). Results,
 #: not only speed. Never set where the CPU lacks AVX2 (PyTorch would run instructions it has not);
 #: ``ATEN_CPU_CAPABILITY=avx512`` (or ``default``) set by the user wins. ``OPENBLAS_CORETYPE=Haswell``
 #: does the same for numpy's and scipy's OpenBLAS (the drift reference's PCA): it picks its kernels by
-#: CPU model, Haswell's on the AMD hosts seen until a Zen 4 (family 25, model 17) got SkylakeX's and a
-#: drift reference with other bytes from the same inputs (stop 49). Read when numpy loads.
+#: CPU model: Haswell's on the other AMD hosts seen, SkylakeX's on a Zen 4 (family 25, model 17), which gave a
+#: drift reference with other bytes from the same inputs (docs/studies/same-bytes-per-host-class.md). Read
+#: when numpy loads.
 CPU_CAPABILITY_DEFAULT = {"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell"}
 #: Set too in the processes of ``FP32_STAGES`` where the CPU is Intel's with AVX2 and FMA: Intel's MKL
 #: picks its fp32 GEMM kernels by CPUID, so an AVX-512 Xeon and an AVX2-only Intel CPU trained other bytes
 #: (AMD hosts: one MKL path whatever the setting, measured; not set there). ``MKL_CBWR=AVX2`` makes an
 #: Intel host compute what MKL computes on an AVX2-only one (Intel's "Conditional Numerical
-#: Reproducibility"). Results, and speed: 0.845x the main job's step on an AVX-512 Xeon (docs/benchmarks.md,
-#: "An Intel host"). Not process-wide: capped at AVX2, MKL's int8 GEMM, which CTranslate2 uses, loses
-#: VNNI and sums int8 products the int16-saturating way, so the quantize stage, serving and ``aiayn
-#: translate`` keep MKL's own choice. A value the user set (``MKL_CBWR=AUTO``: MKL's choice) wins.
+#: Reproducibility"). Results, and speed: 0.845x the main job's step on an AVX-512 Xeon
+#: (docs/studies/same-bytes-per-host-class.md). Not process-wide: capped at AVX2, MKL's int8 GEMM,
+#: which CTranslate2 uses, loses VNNI and sums int8 products the int16-saturating way, so the quantize
+#: stage, serving and ``aiayn translate`` keep MKL's own choice. A value the user set (``MKL_CBWR=AUTO``:
+#: MKL's choice) wins.
 FP32_STAGE_DEFAULT = {"MKL_CBWR": "AVX2"}
 #: The stages whose outputs are the model's fp32 arithmetic (the weights, the test-set translations and
 #: scores, the drift reference's embeddings): ``python -m pipelines.run_stage <name>`` and ``aiayn <name>``.

@@ -45,13 +45,14 @@ Decoding (``generation_config.json``; ``aiayn.inference.search`` is the referenc
 ``suppress_tokens=[PAD, UNK, BOS]`` and ``min_new_tokens=1`` (never generated / EOS not first),
 ``num_beams=beam_size``, ``early_stopping=True`` (a sentence ends with ``beam_size`` finished
 hypotheses, as in fairseq). Three rules have no Marian equivalent (beam outputs can differ; measured
-in ``docs/benchmarks.md``): (1) the length penalty: HF divides by ``|Y| ** length_penalty``, GNMT
-(ours, the paper) by ``((5 + |Y|) / 6) ** alpha``; ``length_penalty`` carries our alpha; (2) the
-per-sentence cap ``max_len_a * src_len + max_len_b``: HF has one ``max_length`` per call, set to the
-cap of the longest accepted source (``aiayn_max_len_a`` and ``aiayn_max_len_b`` are recorded beside
-it; ``marian_translate_ids`` applies the per-sentence rule); (3) at the cap HF forces EOS with score 0
-(``ForcedEOSTokenLogitsProcessor``) where we count EOS's log-probability, so a beam hypothesis that
-never ends is favoured by HF. Greedy search is unaffected by all three.
+in ``docs/results.md#hugging-face-marian-export-parity``): (1) the length penalty: HF divides by
+``|Y| ** length_penalty``, GNMT (ours, the paper) by ``((5 + |Y|) / 6) ** alpha``; ``length_penalty``
+carries our alpha; (2) the per-sentence cap ``max_len_a * src_len + max_len_b``: HF has one
+``max_length`` per call, set to the cap of the longest accepted source (``aiayn_max_len_a`` and
+``aiayn_max_len_b`` are recorded beside it; ``marian_translate_ids`` applies the per-sentence rule);
+(3) at the cap HF forces EOS with score 0 (``ForcedEOSTokenLogitsProcessor``) where we count EOS's
+log-probability, so a beam hypothesis that never ends is favoured by HF. Greedy search is unaffected by
+all three.
 
 Refused (``MarianExportError`` naming the ``ModelConfig`` field): ``norm='pre'`` (Marian's layers
 are post-norm only and have no final stack LayerNorm), ``norm_type='rmsnorm'``, ``positions``

@@ -4,11 +4,12 @@ Inverted dropout (Srivastava et al. 2014; the paper's residual and embedding dro
 training every element is zeroed with probability ``p`` and the survivors are scaled by
 ``1 / (1 - p)``, so the expectation is unchanged; in eval it is the identity.
 
-On CPU, ``torch.nn.Dropout`` draws one Bernoulli sample per element (``bernoulli_``), which took
-~8 % of the main job's training step (``benchmarks/train_step_cost.py``, docs/benchmarks.md "A
-cheaper CPU step"). Here one full-range 64-bit draw of torch's default generator gives four 16-bit
-uniforms, each compared with a threshold: ``p`` is rounded to a multiple of ``1 / 65536`` (0.05 ->
-3277 / 65536 = 0.050003) and the scale uses that rounded value, so the expectation stays exact.
+On CPU, ``torch.nn.Dropout`` draws one Bernoulli sample per element (``bernoulli_``); drawing a quarter
+as many makes the main job's training step 1.06x faster (``benchmarks/train_step_cost.py``,
+docs/studies/job-sizing.md, "The CPU step's form"). Here one full-range 64-bit draw of torch's default
+generator gives four 16-bit uniforms, each compared with a threshold: ``p`` is rounded to a multiple of
+``1 / 65536`` (0.05 -> 3277 / 65536 = 0.050003) and the scale uses that rounded value, so the expectation
+stays exact.
 The mask is a function of the generator's state only (integer draws, no float arithmetic), so it is
 the same bytes on every CPU, and a checkpoint's saved RNG state resumes it exactly. Other devices
 keep ``torch.nn.functional.dropout`` (fused and cheap there), and so does code under ``torch.compile``.

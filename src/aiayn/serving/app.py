@@ -23,9 +23,10 @@ How a request is served:
 3. The units join a **micro-batch** (``aiayn.serving.microbatch.MicroBatcher``), decoded with
    ``Decoder.translate_hyps`` (the 1-best of ``translate_ids`` plus scores; a CTranslate2 bundle
    scores its outputs in a second, teacher-forced pass, ``aiayn.inference.runtimes``: ~1.2x the decode time at
-   beam 4, docs/benchmarks.md "Serving load"), or with ``--no-scores`` ``translate_ids`` alone. While it waits and
-   decodes, the connection is watched: a client that hangs up gets its request dropped (from the
-   queue, or its result discarded), answered 499 in the metrics and never logged as served.
+   beam 4, docs/results.md#eager-beam-search-against-ctranslate2), or with ``--no-scores``
+   ``translate_ids`` alone. While it waits and decodes, the connection is watched: a client that hangs
+   up gets its request dropped (from the queue, or its result discarded), answered 499 in the metrics
+   and never logged as served.
 4. Every answered sentence is written to the **request log** (``aiayn.serving.request_log``: SQLite, or
    PostgreSQL shared by replicas) *before* the response is sent; when it cannot be written the
    request fails with 503 (nothing answered goes unlogged). Server logs hold counts and request
@@ -47,7 +48,7 @@ from ``aiayn.serving.schemas.listen`` (bound before the model loads: a taken por
 Choice of batching: a small asyncio queue in front of the model rather than LitServe: the service
 needs per-request input rules, the durable log before each response and model swaps, which sit
 naturally in one FastAPI app; LitServe batches inside its own worker processes (see
-docs/benchmarks.md, serving load, for the measured throughput vs. calling the model directly).
+docs/results.md#serving-load for the measured throughput vs. calling the model directly).
 """
 
 from __future__ import annotations

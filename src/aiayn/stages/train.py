@@ -248,7 +248,8 @@ def _record(tracker: StageRun, result: TrainResult, selection: Selection, final:
             budget: str, early: dict[str, Any] | None) -> float:
     """Log the chosen model's metrics, the stop, the budget line and the selection; returns tokens/s."""
     tokens_per_s = result.tokens / max(result.train_seconds, 1e-9)
-    # "averaged_" (the name since issue 2): the chosen model's metrics, an average or a single checkpoint
+    # "averaged_" (a name kept for existing runs' metric history): the chosen model's metrics, an average or a
+    # single checkpoint
     tracker.log_metrics({f"averaged_{k}": v for k, v in final.items()}, step=result.step)
     tracker.log_metrics({"train_seconds": result.train_seconds, "train_tokens_per_s": tokens_per_s}, step=result.step)
     tags = {"train.budget": budget, "train.stopped_by": result.stopped_by, "train.stop_step": result.step,

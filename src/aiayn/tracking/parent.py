@@ -170,9 +170,9 @@ def describe_pipeline(metrics: dict[str, float], tags: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-#: (metric, label) of the validation lines: ``averaged_valid_*`` (a name kept since issue 2) is the chosen
-#: model's, an average or a single checkpoint; ``valid_*`` the curve's last point: the final state's (the train
-#: stage validates the last step too, off the ``validate_every`` grid).
+#: (metric, label) of the validation lines: ``averaged_valid_*`` (a name kept for existing runs' metric
+#: history) is the chosen model's, an average or a single checkpoint; ``valid_*`` the curve's last point:
+#: the final state's (the train stage validates the last step too, off the ``validate_every`` grid).
 _VALIDATION_LINES = (
     ("Validation of the chosen model", (("averaged_valid_loss", "loss"), ("averaged_valid_bleu", "BLEU"))),
     ("Last validation during training", (("valid_loss", "loss"), ("valid_bleu", "BLEU"))),

@@ -140,8 +140,8 @@ PYFUNC_REQUIREMENTS = ("mlflow", "torch", "ctranslate2", "sentencepiece", "numpy
 
 def pinned_requirements(packages: tuple[str, ...] | list[str]) -> list[str]:
     """``pkg==<version>`` for each installed package, at its public version: a local label (torch's ``+cpu``)
-    names a wheel only this project's index has, and pip against PyPI finds no ``torch==2.13.0+cpu`` (the
-    new-user trial of stop 51). Raises ``importlib.metadata.PackageNotFoundError`` for a package not installed."""
+    names a wheel only this project's index has, and pip against PyPI finds no ``torch==2.13.0+cpu``.
+    Raises ``importlib.metadata.PackageNotFoundError`` for a package not installed."""
     from importlib.metadata import version
 
     from packaging.version import Version

@@ -94,8 +94,7 @@ def linear_label_smoothed_cross_entropy(
     The same objective (paper Section 5.4; the output layer of Section 3.4), computed over
     ``chunk_tokens`` non-pad target positions at a time with its gradient made on the spot
     (``_LinearLabelSmoothedCE``): memory for one chunk's logits instead of the batch's; on the main job's
-    CPU step it measured 1.04x, within the spread (docs/benchmarks.md, "The main job re-tuned for the
-    slowest host").
+    CPU step it measured 1.04x, within the spread (docs/studies/job-sizing.md, "A smaller output layer").
     Equal to the plain path to float32 rounding, not bit for bit (another summation order).
 
     Args:

@@ -12,8 +12,8 @@ norms stay with Adam, as in both papers.
 ``FP32Muon`` is ``torch.optim.Muon`` (same hyperparameters, ``param_groups`` and ``momentum_buffer`` state)
 with its Newton-Schulz products in fp32 and batched per shape. ``torch.optim.Muon`` runs them in bf16, which
 on a CPU goes to oneDNN's kernel for the ISA at hand: AMX, AVX-512 BF16 and plain AVX-512 give three different
-results (three different trained models), and without AMX it costs 4-12x more (docs/benchmarks.md, "Muon in
-fp32"). fp32 products go through MKL like the rest of the step, which the stages hold to one kernel
+results (three different trained models), and without AMX it costs 4-12x more (docs/studies/muon.md,
+"Arithmetic"). fp32 products go through MKL like the rest of the step, which the stages hold to one kernel
 (``MKL_CBWR``, aiayn.config.settings), so a Muon run trains the same bytes on every host an Adam one does.
 """
 
