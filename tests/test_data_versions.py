@@ -318,7 +318,7 @@ def test_a_stage_run_reads_each_file_of_its_lineage_once(tmp_path, monkeypatch):
     version, its source dataset) and each training file three times (its folder's hash, the dataset digest, a line
     count); the ``evaluate`` run the corpus twice (a dependency, its data version) and each test file three times.
     Seconds a stage on a corpus the size of WMT14's
-    (``benchmarks/lineage_reads.py``). Now each file is read once per run (``aiayn.provenance.Digests``), and what the
+    (``benchmarks/perf/lineage_reads.py``). Now each file is read once per run (``aiayn.provenance.Digests``), and what the
     memo gives is what a fresh read gives."""
     import collections
     import pathlib

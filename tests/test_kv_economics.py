@@ -1,32 +1,27 @@
 """KV-cache bytes per token: the formula (``aiayn.model.kv_cache.cache_bytes_per_token``) against the
-bytes held by a real ``KVCache`` that the model fills, for every preset and variant of
-``benchmarks/kv_cache.py`` (issue 15, item 4), plus hand-computed numbers."""
+bytes held by a real ``KVCache`` that the model fills (``aiayn.model.kv_economics``), for every preset and
+variant that ``benchmarks/perf/kv_cache_economics.py`` tables, plus hand-computed numbers."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from aiayn.config.schema import model_preset
 from aiayn.model.kv_cache import KVCache, cache_bytes, cache_bytes_per_token
+from aiayn.model.kv_economics import cache_variants, decoder_step_weight_bytes, measured_bytes_per_token
 
-_spec = importlib.util.spec_from_file_location("kv_cache_bench", Path(__file__).parents[1] / "benchmarks" / "kv_cache.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-
-CASES = [(preset, name, overrides) for preset in bench.PRESETS for name, overrides in bench.variants(preset)]
+PRESETS = ("tiny", "base", "big")
+CASES = [(preset, name, overrides) for preset in PRESETS for name, overrides in cache_variants(preset)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("preset", "name", "overrides"), CASES, ids=[f"{p}-{n}" for p, n, _ in CASES])
 def test_formula_equals_the_measured_cache(preset, name, overrides, dtype):
     """tiny: a real CPU model; base/big: the same encode/decode on 'meta' (real shapes, no memory)."""
-    cfg = bench.config(preset, overrides)
+    cfg = model_preset(preset, attention_backend="sdpa", **overrides)
     device = "cpu" if preset == "tiny" else "meta"
-    self_b, cross_b = bench.measured_bytes_per_token(cfg, dtype, device)
+    self_b, cross_b = measured_bytes_per_token(cfg, dtype, device)
     assert self_b == cross_b == cache_bytes_per_token(cfg, dtype)
 
 
@@ -41,8 +36,19 @@ def test_hand_computed_bytes_per_token():
     assert cache_bytes_per_token(model_preset("tiny", positions="alibi")) == 2 * 4 * 64 * 4 == 2048
     # base, batch 2, 5 target + 3 source tokens, 6 layers, fp32
     assert cache_bytes(model_preset("base"), batch_size=2, tgt_len=5, src_len=3) == 6 * 2 * 8 * 4096
-    assert [n for n, _ in bench.variants("tiny")][1] == "GQA n_kv_heads=2"  # tiny: n_heads / 4 would be MQA
-    assert [n for n, _ in bench.variants("big")][1] == "GQA n_kv_heads=4"
+    assert [n for n, _ in cache_variants("tiny")][1] == "GQA n_kv_heads=2"  # tiny: n_heads / 4 would be MQA
+    assert [n for n, _ in cache_variants("big")][1] == "GQA n_kv_heads=4"
+
+
+def test_a_decode_step_reads_the_decoder_without_its_cached_cross_projections():
+    """Tiny (post-norm: no final norm), vocabulary 1000: the tied output projection, and per decoder layer
+    self-attention's 4 projections, cross-attention's query and output ones (its K/V outputs are cached),
+    the FFN and three layer norms."""
+    cfg = model_preset("tiny", vocab_size=1000)
+    d, ff = cfg.d_model, cfg.d_ff
+    per_layer = 6 * (d * d + d) + (d * ff + ff) + (ff * d + d) + 3 * 2 * d
+    assert decoder_step_weight_bytes(cfg, torch.float32) == 4 * (1000 * d + cfg.n_layers * per_layer)
+    assert decoder_step_weight_bytes(cfg, torch.bfloat16) == 2 * (1000 * d + cfg.n_layers * per_layer)
 
 
 def test_kv_cache_byte_counters():

@@ -365,18 +365,15 @@ def test_wu2021_on_their_text_is_the_same_recipe_but_the_text():
 
 
 def test_their_text_benchmark_writes_a_moses_corpus_and_scores_only_lowercased_runs(tmp_path, capsys):
-    """benchmarks/wu2021_their_text.py: ``write`` puts every split through ``lc_norm_tok`` into the ``moses``
-    layout the corpus stage reads; ``score`` is BLEU on whitespace tokens against it and refuses cased output."""
+    """``support.wu2021_text`` (benchmarks/studies/wu2021_their_text.py): ``write`` puts every split through
+    ``lc_norm_tok`` into the ``moses`` layout the corpus stage reads; ``score`` is BLEU on whitespace tokens against
+    it and refuses cased output."""
     import gzip
     import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import wu2021_their_text as bench
 
     from aiayn.config.schema import CorpusConfig, DataConfig
     from aiayn.data.sources import available_splits
+    from support import wu2021_text as bench
 
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -434,7 +431,7 @@ def test_moses_bleu_is_their_tokenization_of_lowercased_text():
 
 
 def test_evaluate_scores_their_convention_against_the_fetched_reference_when_there(tmp_path):
-    """``stages.evaluate.score_split`` (the evaluate stage's and benchmarks/checkpoint_choice.py's scoring):
+    """``stages.evaluate.score_split`` (the evaluate stage's and benchmarks/studies/checkpoint_choice.py's scoring):
     ``bleu_moses_lc_tok`` only with ``evaluate.moses_bleu``; against ``data/multi30k/tok/{split}.lc.norm.tok.{lang}``
     when ``aiayn fetch --tok-references`` put it there, else against the references put through the same steps."""
     from aiayn.config.schema import Params
@@ -458,14 +455,10 @@ def test_evaluate_scores_their_convention_against_the_fetched_reference_when_the
 
 
 def test_split_gap_counts_unseen_words_and_scores_the_covered_sentences(tmp_path):
-    """benchmarks/split_gap.py: a reference word absent from the training targets is unseen (13a tokens, so the
-    final period is a token of its own); a sentence is covered only when every reference word was seen; BLEU on the
-    covered part uses only those sentences' hypotheses."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import split_gap as bench
+    """``support.split_coverage`` (benchmarks/studies/split_gap.py): a reference word absent from the training
+    targets is unseen (13a tokens, so the final period is a token of its own); a sentence is covered only when every
+    reference word was seen; BLEU on the covered part uses only those sentences' hypotheses."""
+    from support import split_coverage as bench
 
     prepared = tmp_path / "prepared"
     prepared.mkdir()
@@ -492,13 +485,10 @@ def test_split_gap_counts_unseen_words_and_scores_the_covered_sentences(tmp_path
 
 
 def test_mbr_choice_picks_the_consensus_and_weights_by_the_beam_scores():
-    """benchmarks/mbr.py: with uniform weights the hypothesis closest to the others wins though the beam ranked
-    another first; with the beam's scores as weights (temp 1) a far better-scored outlier's vote dominates."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import mbr as bench
+    """``aiayn.inference.mbr`` (benchmarks/studies/mbr_study.py): with uniform weights the hypothesis closest to
+    the others wins though the beam ranked another first; with the beam's scores as weights (temp 1) a far
+    better-scored outlier's vote dominates."""
+    from aiayn.inference import mbr as bench
 
     cands = [("ein hund läuft schnell über eine grüne wiese .", -0.1),
              ("zwei katzen schlafen auf dem sofa im haus .", -0.2),

@@ -1,18 +1,16 @@
-"""The seed-variance / variants study's planning (benchmarks/variants.py): which runs, equal parameters, flags."""
+"""The seed-variance / variants study's planning (``support.variants_plan``, which
+``benchmarks/studies/variants_study.py`` runs): which runs, equal parameters, flags."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import variants  # noqa: E402
-
-from aiayn.config.schema import load_params  # noqa: E402
-from aiayn.model import Transformer  # noqa: E402
+from aiayn.config.schema import load_params
+from aiayn.model import Transformer
+from support import variants_plan as variants
 
 
 def args(**kw) -> argparse.Namespace:
@@ -49,9 +47,9 @@ def test_every_variant_gets_the_paper_models_parameter_count_within_1_percent(va
 
 def test_set_flags_append_keys_params_yaml_lacks():
     raw = {"train": {"seed": 1}, "model": {"preset": "tiny"}}
-    assert variants._set_flag(raw, "train.seed", 2) == "train.seed=2"
-    assert variants._set_flag(raw, "train.num_threads", 1) == "+train.num_threads=1"
-    assert variants._set_flag(raw, "model.positions", "rope") == "+model.positions=rope"
+    assert variants.set_flag(raw, "train.seed", 2) == "train.seed=2"
+    assert variants.set_flag(raw, "train.num_threads", 1) == "+train.num_threads=1"
+    assert variants.set_flag(raw, "model.positions", "rope") == "+model.positions=rope"
 
 
 def test_the_paper_baseline_is_the_papers_model_whatever_params_yaml_picks(monkeypatch):
@@ -68,8 +66,8 @@ def test_the_paper_baseline_is_the_papers_model_whatever_params_yaml_picks(monke
     assert variants.model_overrides("prenorm")["model.norm"] == "pre"
     assert variants.model_overrides("rope")["model.norm"] == "post"
     raw = {"model": {"preset": "tiny", "norm": "pre", "positions": "rope"}}
-    assert variants._set_flag(raw, "model.positions", "sinusoidal") == "model.positions=sinusoidal"
-    assert variants._set_flag(raw, "model.n_kv_heads", None) == "+model.n_kv_heads=null"
+    assert variants.set_flag(raw, "model.positions", "sinusoidal") == "model.positions=sinusoidal"
+    assert variants.set_flag(raw, "model.n_kv_heads", None) == "+model.n_kv_heads=null"
 
 
 def test_stats_are_sample_statistics():
@@ -112,6 +110,8 @@ def test_noise_verdict_needs_a_paper_run_and_a_seed_study():
 
 
 def test_concurrent_runs_share_the_cores():
-    cores = variants.os.cpu_count() or 1
+    import os
+
+    cores = os.cpu_count() or 1
     assert variants.threads_per_job(1) == cores
     assert variants.threads_per_job(2 * cores) == 1

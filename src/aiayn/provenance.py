@@ -230,7 +230,7 @@ class FileDigest(NamedTuple):
 
 def file_digest(path: Path) -> FileDigest:
     """``FileDigest`` of ``path`` in one read of its bytes (OSError if it cannot be read). Lines are counted with
-    numpy (~19 GB/s a core here, against 3.9 for ``bytes.count`` and 0.8 for MD5: ``benchmarks/lineage_reads.py``)."""
+    numpy (~19 GB/s a core here, against 3.9 for ``bytes.count`` and 0.8 for MD5: ``benchmarks/perf/lineage_reads.py``)."""
     import numpy as np
 
     h, lines, size, last = hashlib.md5(), 0, 0, b"\n"  # noqa: S324 - DVC's content hash, not security

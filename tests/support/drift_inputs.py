@@ -1,4 +1,4 @@
-"""Real shifts for validating the drift detector (``benchmarks/drift_validation.py``, the slow test).
+"""Real shifts for validating the drift detector (``benchmarks/studies/drift_validation.py``, the slow test).
 
 Windows are drawn from the Multi30k files (the raw corpus folder, ``*.{lang}.gz``):
 

@@ -2,12 +2,12 @@
 
 Triton's interpreter (``TRITON_INTERPRET=1``, the CPU tests) accepts code its compiler rejects, and a
 CPU-only machine cannot launch a compiled kernel. This module compiles each kernel of
-``flash_kernels.py`` the way a real launch would specialise it (bf16 tensors, ``head_dim`` 128, the
-default block config, last-dim strides equal to 1, pointers and strides multiples of 16) for an NVIDIA
-target (``sm_90``, H100/H200, by default) and reads what ``ptxas`` (shipped in the triton wheel) says
-about registers and spills. Used by ``tests/test_flash_attention.py`` (the default configs fit Hopper
-without spills) and ``benchmarks/kernel_ptx.py`` (the PTX of every kernel, to show that a change to the
-kernels' Python is behaviour-neutral without a GPU).
+``flash_kernels.py`` the way a real launch would specialise it (bf16 tensors by default, or fp16 or
+fp32; ``head_dim`` 128; the default block config; last-dim strides equal to 1, pointers and strides
+multiples of 16) for an NVIDIA target (``sm_90``, H100/H200, by default) and reads what ``ptxas``
+(shipped in the triton wheel) says about registers and spills. Used by ``tests/test_flash_attention.py``
+(the default configs fit Hopper without spills) and ``benchmarks/gpu/kernel_ptx.py`` (the PTX of every
+kernel, to show that a change to the kernels' Python is behaviour-neutral without a GPU).
 
 Call it in a process where ``TRITON_INTERPRET`` is unset or ``0`` when ``aiayn.kernels`` is first
 imported: kernels decorated for the interpreter cannot be compiled.
@@ -30,17 +30,23 @@ from triton.compiler.compiler import ASTSource
 _launch = importlib.import_module("aiayn.kernels.flash_attention")
 try:
     from aiayn.kernels import flash_kernels
-except ImportError:  # a revision before 48b3fc7, compiled by benchmarks/kernel_ptx.py --rev: one module held both
+except ImportError:  # a revision before 48b3fc7, compiled by benchmarks/gpu/kernel_ptx.py --rev: one module held both
     flash_kernels = _launch
 
-#: kernel name -> (its bf16 tensor arguments, its default launch config). The preprocess kernel is not
-#: autotuned: one block size, 4 warps.
+#: kernel name -> (its tensor arguments of the input dtype, its default launch config). The preprocess
+#: kernel is not autotuned: one block size, 4 warps.
 KERNELS: dict[str, tuple[tuple[str, ...], Any]] = {
     "_attn_fwd": (("Q", "K", "V", "Out"), _launch._FWD_CONFIGS[0]),
     "_attn_bwd_preprocess": (("Out", "DO"), triton.Config({"BLOCK_M": _launch._PREPROCESS_BLOCK_M}, num_warps=4)),
     "_attn_bwd_dkdv": (("Q", "K", "V", "DO", "DK", "DV"), _launch._DKDV_CONFIGS[0]),
     "_attn_bwd_dq": (("Q", "K", "V", "DO", "DQ"), _launch._DQ_CONFIGS[0]),
 }
+
+
+#: Input dtypes the kernels take (``flash_attention.SUPPORTED_DTYPES``), as Triton names them.
+DTYPES = ("bf16", "fp16", "fp32")
+#: kernel name -> its key in ``_launch._FP32_CONFIGS`` (the preprocess kernel has one config for all dtypes).
+_FP32_NAMES = {"_attn_fwd": "fwd", "_attn_bwd_dkdv": "dkdv", "_attn_bwd_dq": "dq"}
 
 
 class Compiled(NamedTuple):
@@ -53,10 +59,11 @@ class Compiled(NamedTuple):
 
 
 def compile_kernel(name: str, causal: bool = True, key_lengths: bool = True, head_dim: int = 128,
-                   arch: int = 90) -> Compiled:
-    """Compile kernel ``name`` (a key of ``KERNELS``) for ``sm_<arch>``: bf16 inputs, float32 ``LSE`` and
-    ``Delta``, ``head_dim`` in {16, 32, 64, 128}. ``causal``/``key_lengths`` pick the variant (ignored by
-    the preprocess kernel, which has neither).
+                   arch: int = 90, dtype: str = "bf16") -> Compiled:
+    """Compile kernel ``name`` (a key of ``KERNELS``) for ``sm_<arch>``: ``dtype`` inputs (one of ``DTYPES``),
+    float32 ``LSE`` and ``Delta``, ``head_dim`` in {16, 32, 64, 128}. ``causal``/``key_lengths`` pick the
+    variant (ignored by the preprocess kernel, which has neither). bf16 and fp16 take the default config of
+    ``KERNELS``; fp32 the fixed config a float32 launch takes (``_FP32_CONFIGS``) with IEEE dots.
 
     Raises:
         KeyError: ``name`` is not one of ``KERNELS``.
@@ -65,9 +72,16 @@ def compile_kernel(name: str, causal: bool = True, key_lengths: bool = True, hea
     """
     if _launch.INTERPRETED:
         raise RuntimeError("the kernels were decorated under TRITON_INTERPRET=1; compile in a process without it")
-    bf16_args, cfg = KERNELS[name]
+    if dtype not in DTYPES:
+        raise KeyError(f"dtype {dtype!r}: one of {DTYPES}")
+    tensor_args, cfg = KERNELS[name]
+    precision = None
+    if dtype == "fp32":  # what _launch runs for float32 inputs (torch's default matmul precision: IEEE)
+        cfg = _launch._FP32_CONFIGS.get(_FP32_NAMES.get(name, ""), cfg)
+        precision = "ieee"
     fn = getattr(flash_kernels, name)
-    wanted = dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, HAS_KEY_LENGTHS=key_lengths, DOT_PRECISION=None, **cfg.kwargs)
+    wanted = dict(HEAD_DIM=head_dim, IS_CAUSAL=causal, HAS_KEY_LENGTHS=key_lengths, DOT_PRECISION=precision,
+                  **cfg.kwargs)
     constexprs = {n: v for n, v in wanted.items() if n in fn.arg_names}
     # Like a real launch: int arguments equal to 1 (the last-dim strides) become constexprs.
     constexprs.update({n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("k")})
@@ -77,7 +91,7 @@ def compile_kernel(name: str, causal: bool = True, key_lengths: bool = True, hea
         if arg in constexprs:
             signature[arg] = "constexpr"
         else:
-            signature[arg] = ("*bf16" if arg in bf16_args else "*fp32" if arg in ("LSE", "Delta")
+            signature[arg] = (f"*{dtype}" if arg in tensor_args else "*fp32" if arg in ("LSE", "Delta")
                               else "*i32" if arg == "KeyLengths" else "fp32" if arg == "sm_scale" else "i32")
         if signature[arg].startswith("*") or arg.startswith("stride_"):
             attrs[(i,)] = [["tt.divisibility", 16]]

@@ -36,7 +36,7 @@ honestly:
   uses the first config of each list instead; float32 always uses one fixed
   small config (a correctness path, slow). The lists were checked by compiling
   for sm_90 (registers, spills, shared memory) but not yet timed on a GPU:
-  they are starting points until ``benchmarks/attention.py`` runs there.
+  they are starting points until ``benchmarks/gpu/attention_speed.py`` runs there.
 """
 
 from __future__ import annotations
@@ -115,9 +115,10 @@ _DQ_CONFIGS = [
     _cfg(4, 2, BLOCK_M2=64, BLOCK_N2=64),
 ]
 # float32 inputs: one fixed small-block config each (no autotuning). IEEE fp32
-# dots run on CUDA cores, not tensor cores, and need many registers; these
-# keep shared memory <= 84 KiB at head_dim 128 (fits Ampere and Hopper). It is
-# a correctness path: use bf16/fp16 (autocast) for speed.
+# dots run on CUDA cores, not tensor cores, and need many registers (compiled
+# for sm_90 they spill from head_dim 32 on); these keep shared memory <= 85 KiB
+# at head_dim 128 (84.1 KiB, dkdv; fits Ampere and Hopper). It is a
+# correctness path: use bf16/fp16 (autocast) for speed.
 _FP32_CONFIGS = {
     "fwd": _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
     "dkdv": _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64),

@@ -5,7 +5,7 @@ training every element is zeroed with probability ``p`` and the survivors are sc
 ``1 / (1 - p)``, so the expectation is unchanged; in eval it is the identity.
 
 On CPU, ``torch.nn.Dropout`` draws one Bernoulli sample per element (``bernoulli_``); drawing a quarter
-as many makes the main job's training step 1.06x faster (``benchmarks/train_step_cost.py``,
+as many makes the main job's training step 1.06x faster (``benchmarks/perf/train_step_cost.py``,
 docs/studies/job-sizing.md, "The CPU step's form"). Here one full-range 64-bit draw of torch's default
 generator gives four 16-bit uniforms, each compared with a threshold: ``p`` is rounded to a multiple of
 ``1 / 65536`` (0.05 -> 3277 / 65536 = 0.050003) and the scale uses that rounded value, so the expectation

@@ -21,7 +21,7 @@ which selects/reorders/expands rows of every tensor (like fairseq's
 moves the write position with ``advance``.
 
 Its size per token is ``cache_bytes_per_token`` (formula); ``KVCache.self_nbytes`` /
-``cross_nbytes`` measure the tensors actually held (``benchmarks/kv_cache.py`` checks one against the other).
+``cross_nbytes`` measure the tensors actually held (``benchmarks/perf/kv_cache_economics.py`` checks one against the other).
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ class RotaryPositions(nn.Module):
 
         float32 / float64: each pair is one complex number times ``cos + i sin`` (one complex multiply,
         ~4 % of the main job's CPU step cheaper than the real form below, measured in
-        ``benchmarks/train_step_cost.py``; the same products and sums, hence the same bytes wherever the
+        ``benchmarks/perf/train_step_cost.py``; the same products and sums, hence the same bytes wherever the
         vector kernels cover the row: every head_dim that is a multiple of 16). Other dtypes (no complex
         type), a layout ``view_as_complex`` cannot take, and code under ``torch.compile`` (inductor generates
         no complex code):

@@ -60,6 +60,7 @@ import math
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -71,6 +72,7 @@ from fastapi import Request  # runtime name: FastAPI reads the endpoint's annota
 from aiayn.config.schema import UNK_ID
 from aiayn.inference.search import Hypothesis
 from aiayn.inference.runtimes import DecodeOptions
+from aiayn.quality.signals import LanguageScorer, line_signals
 from aiayn.serving.config import ServeConfig
 from aiayn.serving.microbatch import MicroBatcher
 from aiayn.serving.model_source import ServedModel, load_model, parse_model_uri, registry_uri
@@ -137,6 +139,15 @@ class _State:
                               "the micro-batch queue or decoding)", registry=self.registry)
         self.prune_failures = Counter("aiayn_log_prune_failures", "Request-log prunes that failed (rolled back)",
                                       registry=self.registry)
+        self._language: LanguageScorer | None = None
+        self._language_lock = threading.Lock()
+
+    def language(self) -> LanguageScorer:
+        """py3langid's model for the output-language signal, loaded on first use (~1 s), once."""
+        with self._language_lock:
+            if self._language is None:
+                self._language = LanguageScorer()
+            return self._language
 
     def begin_drain(self) -> None:
         """Shutdown started (called from the signal handler's thread): refuse new bodies, and expire
@@ -258,6 +269,17 @@ def _answer(model: ServedModel, req: TranslateRequest, job: _Job, prepared: Prep
     return body, out_tokens
 
 
+def _log_answer(state: _State, model: ServedModel, request_id: str, req: TranslateRequest, prepared: PreparedInput,
+                hyps: list, job: _Job, answer: dict[str, Any], src_tokens: list[int], out_tokens: list[int]) -> None:
+    """The request's row and one per sentence, with the answer and its output signals
+    (``aiayn.quality.signals``); raises ``LogWriteError``."""
+    signals = line_signals(prepared.spans, prepared.units, hyps, answer["translations"], scored=job.scores,
+                           target_lang=model.target_lang, language=state.language())
+    state.log.write(request_id, ts=time.time(), model=model.public, beam_size=job.options.beam_size,
+                    sources=[clean_line(s) for s in req.sentences], source_tokens=src_tokens,
+                    output_tokens=out_tokens, outputs=answer["translations"], signals=signals)
+
+
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
@@ -277,6 +299,7 @@ def create_app(cfg: ServeConfig):
     state.log = open_request_log(cfg.log_target, busy_timeout_ms=cfg.busy_timeout_ms)
     state.prune()
     state.model = load_model(cfg, state.tmp.name)
+    state.language()  # the output-language signal's model, before the first request
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -394,10 +417,8 @@ def _translate_route(app, state: _State) -> None:
         answer, out_tokens = _answer(model, req, job, prepared, hyps, request_id)
         src_tokens = [sum(len(u) for u in prepared.units[a:b]) for a, b in prepared.spans]
         try:
-            await asyncio.to_thread(state.log.write, request_id, ts=time.time(), model=model.public,
-                                    beam_size=options.beam_size, sources=[clean_line(s) for s in req.sentences],
-                                    source_tokens=src_tokens, output_tokens=out_tokens,
-                                    outputs=answer["translations"])
+            await asyncio.to_thread(_log_answer, state, model, request_id, req, prepared, hyps, job, answer,
+                                    src_tokens, out_tokens)
         except LogWriteError as e:
             log.error("request %s: %s", request_id, e)
             return _error(state, 503, "log", f"the request log could not be written, so the answer is withheld: {e}")

@@ -29,6 +29,11 @@ class ServedModel:
     download_dir: Path | None = None  # registry download (deleted once another version is served)
 
     @property
+    def target_lang(self) -> str | None:
+        """The language the model translates into (the model card's ``params.data.tgt_lang``), if known."""
+        return ((self.card.get("params") or {}).get("data") or {}).get("tgt_lang")
+
+    @property
     def public(self) -> dict[str, str]:
         return {"name": self.name, "version": self.version, "variant": self.variant}
 

@@ -14,11 +14,18 @@ against the log.
   conflict on a retry means an earlier attempt had committed, so a sentence is never logged twice.
   Deleted rows stay in PostgreSQL's files until (auto)vacuum reuses their space.
 
-Schema (``ts``: Unix time, seconds)::
+Schema version 2 (``ts``: Unix time, seconds)::
 
     requests(request_id PK, ts, model_name, model_version, variant, n_sentences, beam_size)
-    sentences(request_id, idx, ts, source, source_tokens, output_tokens, output_chars,
+    sentences(request_id, idx, ts, source, source_tokens, output_tokens, output_chars, output, signals,
               PRIMARY KEY (request_id, idx)), index on sentences(ts)
+    schema_info(key PK, value): ``schema_version`` -> "2"
+
+``output`` is the answer as it was sent, ``signals`` its output signals as JSON
+(``aiayn.quality.signals.OutputSignals.as_dict``); both go with their row under the same retention.
+A version-1 log (no ``output``/``signals``, no ``schema_info``) is migrated in place when a writer
+opens it: the two columns are added (old rows keep ``NULL`` there) and the version recorded, in one
+transaction; a reader opens it as it is.
 
 Errors: ``RequestLogError`` (cannot open or read the log; its message names the log, never a
 password), ``LogWriteError`` (a write or prune failed and was rolled back: the log is usable).
@@ -27,6 +34,7 @@ password), ``LogWriteError`` (a write or prune failed and was rolled back: the l
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sqlite3
 import threading
@@ -38,7 +46,7 @@ from typing import Any
 
 __all__ = [
     "RequestLog", "SqliteRequestLog", "PostgresRequestLog", "RequestLogError", "LogWriteError", "LoggedSentence",
-    "open_request_log", "is_url", "redact",
+    "open_request_log", "is_url", "redact", "SCHEMA_VERSION",
 ]  # fmt: skip
 
 _TABLES = """
@@ -47,11 +55,17 @@ _TABLES = """
         variant TEXT, n_sentences INTEGER NOT NULL, beam_size INTEGER);
     CREATE TABLE IF NOT EXISTS sentences (
         request_id TEXT NOT NULL, idx INTEGER NOT NULL, ts {real} NOT NULL, source TEXT NOT NULL,
-        source_tokens INTEGER, output_tokens INTEGER, output_chars INTEGER,
+        source_tokens INTEGER, output_tokens INTEGER, output_chars INTEGER, output TEXT, signals TEXT,
         PRIMARY KEY (request_id, idx));
     CREATE INDEX IF NOT EXISTS sentences_ts ON sentences (ts);
+    CREATE TABLE IF NOT EXISTS schema_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-_LATEST = ("SELECT s.source, s.ts, r.model_version FROM sentences s LEFT JOIN requests r "
+#: The schema this module writes (module docstring); version 1 had no ``output``, ``signals``, ``schema_info``.
+SCHEMA_VERSION = 2
+#: Columns version 2 added to ``sentences``, with their SQL type.
+_ADDED_COLUMNS = (("output", "TEXT"), ("signals", "TEXT"))
+_SENTENCE_COLUMNS = ("request_id, idx, ts, source, source_tokens, output_tokens, output_chars, output, signals")
+_LATEST = ("SELECT s.source, s.ts, r.model_version, {outputs} FROM sentences s LEFT JOIN requests r "
            "ON r.request_id = s.request_id ORDER BY s.ts DESC, s.request_id DESC, s.idx DESC LIMIT {p}")
 
 
@@ -65,16 +79,25 @@ class LogWriteError(RequestLogError):
 
 @dataclass(frozen=True)
 class LoggedSentence:
-    """One logged source sentence: its text, ``ts`` (Unix seconds) and the model version that answered it."""
+    """One logged sentence: its source text, ``ts`` (Unix seconds), the model version that answered it,
+    and (schema 2) the answer and its output signals (``None`` for rows logged before)."""
 
     source: str
     ts: float
     model_version: str | None
+    output: str | None = None
+    signals: dict[str, Any] | None = None
 
 
-def _rows(request_id: str, ts: float, sources, source_tokens, output_tokens, outputs) -> list[tuple]:
-    return [(request_id, i, ts, s, st, ot, len(o))
-            for i, (s, st, ot, o) in enumerate(zip(sources, source_tokens, output_tokens, outputs))]
+def _rows(request_id: str, ts: float, sources, source_tokens, output_tokens, outputs, signals) -> list[tuple]:
+    signals = signals if signals is not None else [None] * len(sources)
+    return [(request_id, i, ts, s, st, ot, len(o), o, None if sig is None else json.dumps(sig, allow_nan=False))
+            for i, (s, st, ot, o, sig) in enumerate(zip(sources, source_tokens, output_tokens, outputs, signals))]
+
+
+def _logged(row: tuple) -> LoggedSentence:
+    source, ts, version, output, signals = row
+    return LoggedSentence(source, ts, version, output, None if signals is None else json.loads(signals))
 
 
 class RequestLog(ABC):
@@ -85,9 +108,15 @@ class RequestLog(ABC):
 
     @abstractmethod
     def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
-              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
+              source_tokens: list[int], output_tokens: list[int], outputs: list[str],
+              signals: list[dict[str, Any] | None] | None = None) -> None:
         """One transaction: the request row and one row per sentence (``model``: ``name``, ``version``,
-        ``variant``). Raises ``LogWriteError`` (nothing written) on any failure."""
+        ``variant``; ``signals``: per sentence, its output signals or ``None``). Raises ``LogWriteError``
+        (nothing written) on any failure."""
+
+    @abstractmethod
+    def schema_version(self) -> int:
+        """The schema version of the log as stored (1: before outputs were kept). Raises ``RequestLogError``."""
 
     @abstractmethod
     def prune(self, retention_days: float, *, now: float | None = None) -> int:
@@ -135,6 +164,7 @@ class SqliteRequestLog(RequestLog):
             if read_only:
                 self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
                                            timeout=busy_timeout_ms / 1000, check_same_thread=False)
+                self._outputs = {c for c, _ in _ADDED_COLUMNS} <= self._columns()
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=busy_timeout_ms / 1000, check_same_thread=False,
@@ -146,16 +176,42 @@ class SqliteRequestLog(RequestLog):
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA secure_delete=ON")  # deleted text is overwritten, not left in free pages
             self._db.executescript(_TABLES.format(real="REAL"))
-        except sqlite3.Error as e:
+            self._transaction(self._migrate)
+            self._outputs = True
+        except (sqlite3.Error, LogWriteError) as e:
             raise RequestLogError(f"request log {self.path}: {type(e).__name__}: {e}") from None
 
+    def _columns(self) -> set[str]:
+        return {row[1] for row in self._db.execute("PRAGMA table_info(sentences)")}
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """Version 1 -> 2 in place (module docstring); a no-op on a version-2 log."""
+        have = self._columns()
+        for name, kind in _ADDED_COLUMNS:
+            if name not in have:
+                db.execute(f"ALTER TABLE sentences ADD COLUMN {name} {kind}")
+        db.execute("INSERT OR REPLACE INTO schema_info VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def schema_version(self) -> int:
+        try:
+            with self._lock:
+                tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if "schema_info" not in tables:
+                    return 1
+                row = self._db.execute("SELECT value FROM schema_info WHERE key = 'schema_version'").fetchone()
+        except sqlite3.Error as e:
+            raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
+        return int(row[0]) if row else 1
+
     def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
-              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
-        rows = _rows(request_id, ts, sources, source_tokens, output_tokens, outputs)
+              source_tokens: list[int], output_tokens: list[int], outputs: list[str],
+              signals: list[dict[str, Any] | None] | None = None) -> None:
+        rows = _rows(request_id, ts, sources, source_tokens, output_tokens, outputs, signals)
         head = (request_id, ts, model.get("name"), model.get("version"), model.get("variant"), len(sources), beam_size)
+        insert = f"INSERT INTO sentences ({_SENTENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         with self._lock:
             self._transaction(lambda db: (db.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?)", head),
-                                          db.executemany("INSERT INTO sentences VALUES (?, ?, ?, ?, ?, ?, ?)", rows)))
+                                          db.executemany(insert, rows)))
 
     def prune(self, retention_days: float, *, now: float | None = None) -> int:
         cutoff = (time.time() if now is None else now) - retention_days * 86400
@@ -200,10 +256,11 @@ class SqliteRequestLog(RequestLog):
     def latest(self, n: int) -> list[LoggedSentence]:
         try:
             with self._lock:
-                rows = self._db.execute(_LATEST.format(p="?"), (int(n),)).fetchall()
+                outputs = "s.output, s.signals" if self._outputs else "NULL, NULL"
+                rows = self._db.execute(_LATEST.format(outputs=outputs, p="?"), (int(n),)).fetchall()
         except sqlite3.Error as e:
             raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
-        return [LoggedSentence(*r) for r in reversed(rows)]
+        return [_logged(r) for r in reversed(rows)]
 
     def counts(self) -> dict[str, int]:
         try:
@@ -279,6 +336,10 @@ class PostgresRequestLog(RequestLog):
     def _create(cur) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('aiayn.serving.request_log'))")  # replicas start together
         cur.execute(_TABLES.format(real="DOUBLE PRECISION"))
+        for name, kind in _ADDED_COLUMNS:  # version 1 -> 2 in place (module docstring)
+            cur.execute(f"ALTER TABLE sentences ADD COLUMN IF NOT EXISTS {name} {kind}")
+        cur.execute("INSERT INTO schema_info VALUES ('schema_version', %s) ON CONFLICT (key) DO UPDATE "
+                    "SET value = EXCLUDED.value", (str(SCHEMA_VERSION),))
 
     def _run(self, body, *, retry: bool, conflict_means_done: bool = False):
         """``body(cursor)`` in one transaction on a pooled connection. A dropped connection is closed
@@ -317,15 +378,16 @@ class PostgresRequestLog(RequestLog):
         raise AssertionError("unreachable")
 
     def write(self, request_id: str, *, ts: float, model: dict[str, Any], beam_size: int, sources: list[str],
-              source_tokens: list[int], output_tokens: list[int], outputs: list[str]) -> None:
+              source_tokens: list[int], output_tokens: list[int], outputs: list[str],
+              signals: list[dict[str, Any] | None] | None = None) -> None:
         from psycopg2.extras import execute_values
 
-        rows = _rows(request_id, ts, sources, source_tokens, output_tokens, outputs)
+        rows = _rows(request_id, ts, sources, source_tokens, output_tokens, outputs, signals)
         head = (request_id, ts, model.get("name"), model.get("version"), model.get("variant"), len(sources), beam_size)
 
         def insert(cur) -> None:
             cur.execute("INSERT INTO requests VALUES (%s, %s, %s, %s, %s, %s, %s)", head)
-            execute_values(cur, "INSERT INTO sentences VALUES %s", rows)
+            execute_values(cur, f"INSERT INTO sentences ({_SENTENCE_COLUMNS}) VALUES %s", rows)
 
         self._run(insert, retry=True, conflict_means_done=True)
 
@@ -341,14 +403,31 @@ class PostgresRequestLog(RequestLog):
 
     def latest(self, n: int) -> list[LoggedSentence]:
         def select(cur):
-            cur.execute(_LATEST.format(p="%s"), (int(n),))
+            cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'sentences'")
+            have = {r[0] for r in cur.fetchall()}
+            outputs = "s.output, s.signals" if {c for c, _ in _ADDED_COLUMNS} <= have else "NULL, NULL"
+            cur.execute(_LATEST.format(outputs=outputs, p="%s"), (int(n),))
             return cur.fetchall()
 
         try:
             rows = self._run(select, retry=True)
         except LogWriteError as e:
             raise RequestLogError(f"{e} (unreadable)") from None
-        return [LoggedSentence(*r) for r in reversed(rows)]
+        return [_logged(r) for r in reversed(rows)]
+
+    def schema_version(self) -> int:
+        def select(cur):
+            cur.execute("SELECT to_regclass('schema_info') IS NOT NULL")
+            if not cur.fetchone()[0]:
+                return 1
+            cur.execute("SELECT value FROM schema_info WHERE key = 'schema_version'")
+            row = cur.fetchone()
+            return int(row[0]) if row else 1
+
+        try:
+            return self._run(select, retry=True)
+        except LogWriteError as e:
+            raise RequestLogError(f"{e} (unreadable)") from None
 
     def counts(self) -> dict[str, int]:
         def count(cur):

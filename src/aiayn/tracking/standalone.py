@@ -128,7 +128,7 @@ def stage_metrics_by_experiment(project_root: str | Path, exp_names: list[str], 
 def log_study(project_root: str | Path, name: str, metrics: Mapping[str, float], params: Mapping[str, Any],
               artifacts: str | Path | None, *, experiment: str = "aiayn-studies",
               tracking_uri: str | None = None) -> str | None:
-    """Record one study (e.g. the seed-variance report, ``benchmarks/variants.py``) as an MLflow run.
+    """Record one study (e.g. the seed-variance report, ``benchmarks/studies/variants_study.py``) as an MLflow run.
 
     Run ``name`` in ``experiment`` with ``params`` (the budget, seeds, variants), ``metrics``
     (means, standard deviations, ranges) and the files under ``artifacts`` (table, JSON, plot)

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks: training, decoding, serving, orchestration and lineage, the data layer."""

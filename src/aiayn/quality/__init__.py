@@ -1,0 +1,1 @@
+"""Output quality: per-sentence signals of what the model answered (``signals``)."""
