@@ -66,6 +66,7 @@ __all__ = [
     "check",
     "CheckResult",
     "exit_code",
+    "summary_exit_code",
     "run_check",
     "drift_dir",
     "EXIT_NO_DRIFT",
@@ -172,6 +173,7 @@ def read_log_window(target: str | Path, size: int) -> tuple[list[str], dict[str,
         raise DriftCheckError(f"serving log {where} is unreadable ({e})") from None
     info = {"log": where, "first_ts": rows[0].ts if rows else None, "last_ts": rows[-1].ts if rows else None,
             "model_versions": sorted({str(r.model_version) for r in rows if r.model_version is not None})}
+    info["signals"] = [r.signals for r in rows if r.source.strip()]  # per sentence; None: logged before schema 2
     return [r.source for r in rows if r.source.strip()], info
 
 
@@ -322,6 +324,14 @@ def exit_code(verdict: str) -> int:
     return {"no_drift": EXIT_NO_DRIFT, "drift": EXIT_DRIFT}.get(verdict, EXIT_CANNOT_RUN)
 
 
+def summary_exit_code(summary: dict[str, Any]) -> int:
+    """``exit_code`` of the input verdict, except that an output alarm (``monitoring.output_check``) is 1
+    whatever the inputs did: the answers look broken."""
+    if (summary.get("outputs") or {}).get("verdict") == "alarm":
+        return EXIT_DRIFT
+    return exit_code(summary["verdict"])
+
+
 def check(sentences: Sequence[str], ref: Reference, cfg: MonitorConfig, translator: Any | None = None) -> CheckResult:
     """Check one window (see the module doc for the verdict rule).
 
@@ -404,6 +414,20 @@ def _open_translator(layout: Layout, ref: Reference):
         raise DriftCheckError(f"cannot load the model in {layout.model}: {e}") from None
 
 
+def _outputs(params: Params, layout: Layout, sentences: list[str], signals: list | None) -> dict[str, Any]:
+    """The output check of the window (``monitoring.output_check``): the logged answers' signals, or
+    for a window without them (a text file, a log from before schema 2) the serving bundle's answers."""
+    from monitoring.output_check import answer_signals, load_output_reference, output_section, served_translator
+    from monitoring.reference import reference_dir
+
+    reference = load_output_reference(reference_dir(layout))
+    if reference is not None and (signals is None or all(s is None for s in signals)):
+        if len(sentences) >= params.monitor.min_window:
+            translator, options, _ = served_translator(params, layout)
+            signals = answer_signals(translator, options, sentences, reference["tgt_lang"])[1]
+    return output_section(reference, signals, params.monitor)
+
+
 def run_check(params: Params, layout: Layout, *, input_path: str | Path | None = None,
               out_dir: str | Path | None = None, track: bool = True,
               log_url: str | None = None) -> tuple[dict[str, Any], Path | None]:
@@ -426,6 +450,7 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
     if input_path is not None:
         sentences = read_text_window(input_path)
         source = {"file": str(input_path)}
+        signals = None
     else:
         from aiayn.config.settings import Settings
 
@@ -433,6 +458,7 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
         target = log_url or Settings.from_env().request_log_url or (
             log_path if log_path.is_absolute() else layout.root / log_path)
         sentences, source = read_log_window(target, cfg.window_size)
+        signals = source.pop("signals")
     if not sentences:
         where = source.get("file") or source.get("log")
         raise DriftCheckError(f"the window ({where}) holds no sentences: nothing to check")
@@ -440,6 +466,7 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
     result = check(sentences, ref, cfg, translator)
     summary = result.summary
     summary["window"].update(source)
+    summary["outputs"] = _outputs(params, layout, sentences, signals)
     summary["checked_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     summary["monitor_params"] = cfg.model_dump(mode="json")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")

@@ -40,7 +40,7 @@ def monitor(
     window, fewer sentences than monitor.min_window, missing reference, unreadable log).
     """
     setup_logging()
-    from monitoring.drift import DriftCheckError, exit_code, run_check
+    from monitoring.drift import DriftCheckError, run_check, summary_exit_code
 
     try:
         summary, folder = run_check(load_params(under_root(params, root)), Layout(root),
@@ -59,6 +59,12 @@ def monitor(
             e = summary["embeddings"]
             typer.echo(f"  {'embeddings':18s} {e['method']} {e['statistic']:.4g} ({e['test']})"
                        f"{'  DRIFT' if e['drifted'] else ''}")
+        outputs = summary.get("outputs") or {}
+        typer.echo(f"outputs: {outputs.get('verdict')} ({outputs.get('answered', 0)} answers)"
+                   + (f": {outputs['reason']}" if outputs.get("reason") else ""))
+        for name, t in (outputs.get("signals") or {}).items():
+            typer.echo(f"  {name:22s} flagged {t['flagged']}/{t['n']} (in-domain rate {t['expected']:.3f}, "
+                       f"p {t['p_value']:.3g}){'  ALARM' if t['alarm'] else ''}")
     if summary["verdict"] == "insufficient_data":
         typer.echo(f"aiayn monitor: {summary.get('reason')}", err=True)
-    raise typer.Exit(exit_code(summary["verdict"]))
+    raise typer.Exit(summary_exit_code(summary))

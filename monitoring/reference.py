@@ -12,6 +12,8 @@ tokenizer and encoded splits (``artifacts/tokenized``) and the trained model
 - ``reference.json``: what it was built from (model and tokenizer SHA-256, split, languages,
   sentence count, the ``monitor`` params that shape it), the PCA's explained variance and each
   descriptor's mean, standard deviation and quantiles (a reviewer's view of "normal").
+- ``output_reference.json``: the serving bundle's answers to the validation split described by
+  their output signals, and each signal's calibrated threshold (``monitoring.output_check``).
 
 Deterministic: the same inputs give the same bytes (seeded sample, full-SVD PCA, safetensors), so
 ``dvc.lock`` repeats. Written atomically (the folder is swapped in whole). In ``dvc.yaml`` it runs
@@ -35,15 +37,16 @@ from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.stages import Layout
 from monitoring.descriptors import DESCRIPTORS, Pca, describe, encoder_embeddings, source_side_table
+from monitoring.output_check import OUTPUT_REFERENCE, build_output_reference
 
 __all__ = ["run", "FILES", "REFERENCE_PARAMS", "RECORD", "reference_dir"]
 
 log = logging.getLogger("aiayn.monitor")
 
 #: Files of the reference folder.
-FILES = ("reference.safetensors", "reference.json")
+FILES = ("reference.safetensors", "reference.json", OUTPUT_REFERENCE)
 #: ``monitor`` params that change the reference (``dvc.yaml`` lists them); the rest shape the check.
-REFERENCE_PARAMS = ("reference_sentences", "reference_seed", "embedding_dims")
+REFERENCE_PARAMS = ("reference_sentences", "reference_seed", "embedding_dims", "output_false_flag_rate")
 #: How a monitor_reference run is recorded: the pipeline's last stage, so its end ends the pipeline run.
 RECORD = StageRecord("monitor_reference", ends_pipeline=True)
 
@@ -117,11 +120,13 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     tensors = {f"desc.{k}": np.ascontiguousarray(v) for k, v in desc.items()}
     tensors |= {"embeddings": np.ascontiguousarray(reduced), "pca.mean": pca.mean,
                 "pca.components": np.ascontiguousarray(pca.components), "source_side": side.astype(np.uint8)}
+    outputs = build_output_reference(params, layout)
     with atomic_dir(reference_dir(layout)) as tmp:
         # ONE metadata key: safetensors writes several in a random (hash map) order, and the file's
         # bytes would change from run to run (dvc.lock with them)
         save_file(tensors, str(tmp / "reference.safetensors"), metadata={"format": "aiayn-drift-reference/1"})
         atomic_write_json(tmp / "reference.json", meta)
+        atomic_write_json(tmp / OUTPUT_REFERENCE, outputs)
     seconds = time.perf_counter() - t0
     log.info("drift reference: %d sentences, %d descriptors, %d-dim embeddings (PCA keeps %.1f %% of the "
              "variance) in %.1f s", len(sentences), len(DESCRIPTORS), m.embedding_dims, 100 * explained, seconds)
@@ -130,5 +135,8 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         tracker.log_metrics({"reference.sentences": len(sentences), "reference.pca_explained_variance": explained},
                             step=0)
         tracker.log_artifact(reference_dir(layout) / "reference.json", artifact_path="monitor_reference")
+        tracker.log_artifact(reference_dir(layout) / OUTPUT_REFERENCE, artifact_path="monitor_reference")
+        tracker.log_metrics({f"output_threshold.{name}.{side}": t[side] for name, t in outputs["thresholds"].items()
+                             for side in ("low", "high") if side in t}, step=0)
     return {"sentences": len(sentences), "embedding_dims": m.embedding_dims,
             "pca_explained_variance": round(explained, 4), "seconds": round(seconds, 1)}

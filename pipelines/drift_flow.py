@@ -59,6 +59,14 @@ def render_markdown(summary: dict[str, Any], report_dir: str | None) -> str:
         lines += ["", f"Embeddings ({e['dims']}-dim PCA, {e['current_rows']} vs {e['reference_rows']} rows): "
                       f"{e['method']} {e['statistic']:.4g} ({e['test']}): "
                       f"{'**drift**' if e['drifted'] else 'no drift'}."]
+    outputs = summary.get("outputs") or {}
+    lines += ["", f"Outputs: **{outputs.get('verdict')}** ({outputs.get('answered', 0)} answers)"
+              + (f": {outputs['reason']}" if outputs.get("reason") else ".")]
+    if outputs.get("signals"):
+        lines += ["", "| output signal | flagged | share | in-domain rate | p-value | alarm |", "|---|---|---|---|---|---|"]
+        for name, t in outputs["signals"].items():
+            lines.append(f"| {name} | {t['flagged']}/{t['n']} | {t['share']:.3f} | {t['expected']:.3f} | "
+                         f"{t['p_value']:.3g} | {'**yes**' if t['alarm'] else 'no'} |")
     if report_dir:
         lines += ["", f"Reports: `{report_dir}` (report.html, embeddings.html, summary.json)."]
     return "\n".join(lines) + "\n"
@@ -92,6 +100,12 @@ def drift(root: str = ".", params_path: str = "params.yaml", input_path: str | N
     create_markdown_artifact(key=REPORT_KEY, markdown=render_markdown(summary, out["report_dir"]),
                              description=f"drift check: {summary['verdict']}")
     verdict = summary["verdict"]
+    outputs = summary.get("outputs") or {}
+    if outputs.get("verdict") == "alarm":
+        message = (f"the served model's answers look broken in {outputs['answered']} answers: "
+                   f"{', '.join(outputs['alarms'])} flagged above the in-domain rate (reports: {out['report_dir']})")
+        logger.error(message)
+        return Failed(message=message)
     if verdict == "drift":
         message = (f"drift in {summary['window']['sentences']} production inputs: "
                    f"{', '.join(summary['drifted'])} (reports: {out['report_dir']})")

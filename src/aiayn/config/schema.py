@@ -543,6 +543,12 @@ class MonitorConfig(_Strict):
     window_size: int = Field(200, ge=1, description="The latest window: the last N sentences of the serving log.")
     min_window: int = Field(30, ge=2, description="Below this many sentences the verdict is insufficient_data.")
     log_path: str = Field("serving/requests.db", description="The serving request log (aiayn serve --log-path).")
+    output_false_flag_rate: float = Field(0.02, gt=0.0, lt=0.5, description="Output check: each output signal's "
+                                          "threshold leaves at most this share of the served model's answers to the "
+                                          "validation split flagged (monitoring.output_check).")
+    output_alpha: float = Field(0.01, gt=0.0, lt=1.0, description="Output check: a window alarms when a signal's "
+                                "flagged share is above its calibrated rate at this level (binomial test, "
+                                "Bonferroni over the signals).")
 
     @model_validator(mode="after")
     def _check(self) -> "MonitorConfig":
