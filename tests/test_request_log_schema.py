@@ -42,6 +42,7 @@ def test_a_version_1_log_migrates_in_place_and_keeps_every_row(tmp_path):
     with SqliteRequestLog(path) as log:  # a writer migrates it
         assert log.schema_version() == SCHEMA_VERSION == 2
         assert log.counts() == {"requests": 3, "sentences": 6}
+        assert log.review_items() == []  # the review queue (an additive table) is there, empty
         log.write("new", ts=2000.0, model=MODEL, beam_size=4, sources=["A dog."], source_tokens=[3],
                   output_tokens=[3], outputs=["Ein Hund."], signals=[{"seq_logprob": -0.4, "copy_rate": 0.0}])
         rows = log.latest(10)
@@ -62,3 +63,20 @@ def test_answers_are_pruned_with_their_sources(tmp_path):
         assert [(r.source, r.output) for r in log.latest(5)] == [("p", "q")]
     raw = b"".join(f.read_bytes() for f in tmp_path.glob("r.db*"))
     assert b"Qzxv pruned answer" not in raw  # secure_delete and the WAL truncation leave no copy of the answer
+
+
+def test_a_version_2_log_without_a_review_table_gets_one_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "requests.db"
+    with SqliteRequestLog(path) as log:
+        log.write("a", ts=1000.0, model=MODEL, beam_size=4, sources=["x"], source_tokens=[2], output_tokens=[2],
+                  outputs=["y"], signals=[{"copy_rate": 0.0}])
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE review")  # as logs written before the review queue are
+    db.commit()
+    db.close()
+    with SqliteRequestLog(path) as log:
+        assert log.schema_version() == 2 and log.counts() == {"requests": 1, "sentences": 1}
+        assert log.queue([("a", 0, "sample"), ("a", 0, "sample")], queued_at=5.0) == 1
+        assert log.queue([("a", 0, "copy_rate")], queued_at=6.0) == 0  # never queued twice
+        assert [(i.request_id, i.idx, i.source, i.output, i.reason, i.queued_at) for i in log.review_items()] == \
+            [("a", 0, "x", "y", "sample", 5.0)]

@@ -20,6 +20,14 @@ Schema version 2 (``ts``: Unix time, seconds)::
     sentences(request_id, idx, ts, source, source_tokens, output_tokens, output_chars, output, signals,
               PRIMARY KEY (request_id, idx)), index on sentences(ts)
     schema_info(key PK, value): ``schema_version`` -> "2"
+    review(request_id, idx, reason, queued_at, verdict, correction, reviewer, reviewed_at,
+           PRIMARY KEY (request_id, idx))
+
+``review`` is the human review queue (``monitoring.review``): answers queued for a translator
+(``reason``: the signals that flagged it, comma-separated, or ``sample``) and, once judged, the
+``verdict`` (``correct``, ``wrong``, ``corrected``), ``correction``, ``reviewer`` and ``reviewed_at``.
+It is additive (created by any writer that opens the log, the version stays 2; a log without it has
+nothing queued), and its rows are pruned with their sentences.
 
 ``output`` is the answer as it was sent, ``signals`` its output signals as JSON
 (``aiayn.quality.signals.OutputSignals.as_dict``); both go with their row under the same retention.
@@ -46,7 +54,7 @@ from typing import Any
 
 __all__ = [
     "RequestLog", "SqliteRequestLog", "PostgresRequestLog", "RequestLogError", "LogWriteError", "LoggedSentence",
-    "open_request_log", "is_url", "redact", "SCHEMA_VERSION",
+    "open_request_log", "is_url", "redact", "SCHEMA_VERSION", "Answer", "ReviewItem", "VERDICTS",
 ]  # fmt: skip
 
 _TABLES = """
@@ -59,12 +67,22 @@ _TABLES = """
         PRIMARY KEY (request_id, idx));
     CREATE INDEX IF NOT EXISTS sentences_ts ON sentences (ts);
     CREATE TABLE IF NOT EXISTS schema_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS review (
+        request_id TEXT NOT NULL, idx INTEGER NOT NULL, reason TEXT NOT NULL, queued_at {real} NOT NULL,
+        verdict TEXT, correction TEXT, reviewer TEXT, reviewed_at {real}, PRIMARY KEY (request_id, idx));
 """
 #: The schema this module writes (module docstring); version 1 had no ``output``, ``signals``, ``schema_info``.
 SCHEMA_VERSION = 2
 #: Columns version 2 added to ``sentences``, with their SQL type.
 _ADDED_COLUMNS = (("output", "TEXT"), ("signals", "TEXT"))
 _SENTENCE_COLUMNS = ("request_id, idx, ts, source, source_tokens, output_tokens, output_chars, output, signals")
+#: A review's verdicts: the answer was right, wrong (no correction given), or wrong and corrected.
+VERDICTS = ("correct", "wrong", "corrected")
+_PRUNE_REVIEW = ("DELETE FROM review WHERE EXISTS (SELECT 1 FROM sentences s WHERE s.request_id = review.request_id "
+                 "AND s.idx = review.idx AND s.ts < ?)")
+_REVIEW_ITEMS = ("SELECT v.request_id, v.idx, s.source, s.output, v.reason, v.queued_at, v.verdict, v.correction, "
+                 "v.reviewer, v.reviewed_at FROM review v JOIN sentences s ON s.request_id = v.request_id "
+                 "AND s.idx = v.idx ORDER BY v.queued_at, v.request_id, v.idx")
 _LATEST = ("SELECT s.source, s.ts, r.model_version, {outputs} FROM sentences s LEFT JOIN requests r "
            "ON r.request_id = s.request_id ORDER BY s.ts DESC, s.request_id DESC, s.idx DESC LIMIT {p}")
 
@@ -87,6 +105,34 @@ class LoggedSentence:
     model_version: str | None
     output: str | None = None
     signals: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One logged answer, addressed by ``(request_id, idx)``, with its output signals (``None``: none kept)."""
+
+    request_id: str
+    idx: int
+    ts: float
+    source: str
+    output: str
+    signals: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    """One answer in the review queue (module docstring); ``verdict`` ``None`` until it is reviewed."""
+
+    request_id: str
+    idx: int
+    source: str
+    output: str | None
+    reason: str
+    queued_at: float
+    verdict: str | None = None
+    correction: str | None = None
+    reviewer: str | None = None
+    reviewed_at: float | None = None
 
 
 def _rows(request_id: str, ts: float, sources, source_tokens, output_tokens, outputs, signals) -> list[tuple]:
@@ -139,6 +185,50 @@ class RequestLog(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the connection(s); the SQLite backend checkpoints its WAL first."""
+
+    @abstractmethod
+    def _query(self, body, *, write: bool):
+        """``body(q)`` with ``q(sql, args) -> rows`` (``?`` placeholders); ``write``: in one transaction
+        (``LogWriteError`` after a rollback), else a read (``RequestLogError``)."""
+
+    def answers(self) -> list[Answer]:
+        """Every logged answer that kept its output (schema 2), oldest first. Raises ``RequestLogError``."""
+        rows = self._query(lambda q: q("SELECT request_id, idx, ts, source, output, signals FROM sentences "
+                                       "WHERE output IS NOT NULL ORDER BY ts, request_id, idx", ()), write=False)
+        return [Answer(r, int(i), ts, src, out, None if sig is None else json.loads(sig))
+                for r, i, ts, src, out, sig in rows]
+
+    def queue(self, items: list[tuple[str, int, str]], *, queued_at: float) -> int:
+        """Queue ``(request_id, idx, reason)`` answers for review in one transaction; an answer already
+        queued is left as it is. Returns how many were queued. Raises ``LogWriteError``."""
+
+        def insert(q) -> int:
+            have = {(r, int(i)) for r, i in q("SELECT request_id, idx FROM review", ())}
+            new = [(r, int(i), why) for r, i, why in dict.fromkeys(items) if (r, int(i)) not in have]
+            for r, i, why in new:
+                q("INSERT INTO review (request_id, idx, reason, queued_at) VALUES (?, ?, ?, ?)", (r, i, why, queued_at))
+            return len(new)
+
+        return self._query(insert, write=True)
+
+    def review_items(self) -> list[ReviewItem]:
+        """Every queued answer with its source, output and review so far, in queue order. Raises ``RequestLogError``."""
+        rows = self._query(lambda q: q(_REVIEW_ITEMS, ()), write=False)
+        return [ReviewItem(r[0], int(r[1]), *r[2:]) for r in rows]
+
+    def record_reviews(self, reviews: list[tuple[str, int, str, str | None, str, float]]) -> None:
+        """Record ``(request_id, idx, verdict, correction, reviewer, reviewed_at)`` of queued answers, all in
+        one transaction (nothing written on any error: ``LogWriteError``)."""
+        bad = [r for r in reviews if r[2] not in VERDICTS]
+        if bad:
+            raise LogWriteError(f"request log {self.location}: verdict {bad[0][2]!r} is not one of {VERDICTS}")
+
+        def update(q) -> None:
+            for rid, idx, verdict, correction, reviewer, at in reviews:
+                q("UPDATE review SET verdict = ?, correction = ?, reviewer = ?, reviewed_at = ? "
+                  "WHERE request_id = ? AND idx = ?", (verdict, correction, reviewer, at, rid, int(idx)))
+
+        self._query(update, write=True)
 
     def __enter__(self) -> RequestLog:
         return self
@@ -217,6 +307,7 @@ class SqliteRequestLog(RequestLog):
         cutoff = (time.time() if now is None else now) - retention_days * 86400
 
         def delete(db: sqlite3.Connection) -> int:
+            db.execute(_PRUNE_REVIEW, (cutoff,))
             db.execute("DELETE FROM sentences WHERE ts < ?", (cutoff,))
             return db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,)).rowcount
 
@@ -241,6 +332,18 @@ class SqliteRequestLog(RequestLog):
                 raise
         except (sqlite3.Error, ValueError) as e:  # ValueError: text SQLite cannot encode
             raise LogWriteError(f"request log {self.path}: {type(e).__name__}: {e}") from None
+
+    def _query(self, body, *, write: bool):
+        def q(sql: str, args: tuple) -> list[tuple]:
+            return self._db.execute(sql, args).fetchall()
+
+        with self._lock:
+            if write:
+                return self._transaction(lambda db: body(q))
+            try:
+                return body(q)
+            except sqlite3.Error as e:
+                raise RequestLogError(f"request log {self.path} is unreadable ({type(e).__name__}: {e})") from None
 
     def _truncate_wal(self) -> None:
         """Checkpoint the WAL into the database and truncate it (the deleted rows' old frames go with
@@ -395,6 +498,7 @@ class PostgresRequestLog(RequestLog):
         cutoff = (time.time() if now is None else now) - retention_days * 86400
 
         def delete(cur) -> int:
+            cur.execute(_PRUNE_REVIEW.replace("?", "%s"), (cutoff,))
             cur.execute("DELETE FROM sentences WHERE ts < %s", (cutoff,))
             cur.execute("DELETE FROM requests WHERE ts < %s", (cutoff,))
             return cur.rowcount
@@ -447,6 +551,21 @@ class PostgresRequestLog(RequestLog):
 
         try:
             return {rid: int(n) for rid, n in self._run(select, retry=True)}
+        except LogWriteError as e:
+            raise RequestLogError(f"{e} (unreadable)") from None
+
+    def _query(self, body, *, write: bool):
+        def run(cur):
+            def q(sql: str, args: tuple) -> list[tuple]:
+                cur.execute(sql.replace("?", "%s"), args)
+                return cur.fetchall() if cur.description else []
+
+            return body(q)
+
+        if write:
+            return self._run(run, retry=True)
+        try:
+            return self._run(run, retry=True)
         except LogWriteError as e:
             raise RequestLogError(f"{e} (unreadable)") from None
 
