@@ -107,7 +107,8 @@ def aiayn_options() -> dict[str, set[str]]:
     group = typer.main.get_command(app)
     out = {"": {"--help"} | {o for p in group.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}}
     for name, command in group.commands.items():
-        out[name] = {"--help"} | {o for p in command.params if p.param_type_name == "option"
+        subs = [command, *getattr(command, "commands", {}).values()]  # a group (`aiayn review`): its commands' options too
+        out[name] = {"--help"} | {o for c in subs for p in c.params if p.param_type_name == "option"
                                   for o in (*p.opts, *p.secondary_opts)}
     return out
 

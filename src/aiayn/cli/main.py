@@ -51,7 +51,7 @@ _stage_command("export", "Build the serving bundle (artifacts/export) and regist
 def _project_commands() -> None:
     """Register the commands the project's other packages declare in the ``aiayn.cli.stage_commands``
     entry-point group of the ``aiayn`` distribution (the drift monitor's ``monitor`` and
-    ``monitor-reference``). Every ``aiayn`` metadata folder on ``sys.path`` is read, first one wins
+    ``monitor-reference``; a ``typer.Typer`` becomes a group: ``review``). Every ``aiayn`` metadata folder on ``sys.path`` is read, first one wins
     per command, so a stale ``aiayn.egg-info`` in the working directory cannot hide the installed
     ones. A command that cannot load is left out with one line on stderr; the rest still work."""
     from importlib.metadata import distributions
@@ -66,7 +66,10 @@ def _project_commands() -> None:
         except Exception as e:  # noqa: BLE001 - a broken extra command must not take the CLI down
             print(f"aiayn: command {name!r} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
             continue
-        app.command(name=name)(command)
+        if isinstance(command, typer.Typer):  # a group of commands (`aiayn review export|import|stats`)
+            app.add_typer(command, name=name)
+        else:
+            app.command(name=name)(command)
 
 
 _project_commands()
