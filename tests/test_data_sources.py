@@ -484,7 +484,8 @@ def test_a_corpus_given_by_a_relative_path_is_recorded_as_given_from_any_clone_f
 @pytest.fixture
 def hf_local(tmp_path, monkeypatch):
     """A dataset written locally in wmt14's schema (``translation: {de, en}``; train/validation/test), no hub."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
@@ -513,7 +514,8 @@ def test_hf_dataset_saved_to_disk(hf_local, tmp_path):
 
 
 def test_hf_data_files_folder(tmp_path, monkeypatch):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     folder = tmp_path / "files"
@@ -535,7 +537,6 @@ def test_hf_dataset_without_the_languages_names_what_it_has(hf_local, tmp_path):
 
 
 def test_hub_dataset_offline_is_one_line_saying_what_is_needed(tmp_path, monkeypatch):
-    pytest.importorskip("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

@@ -277,7 +277,6 @@ def test_gqa_with_n_kv_heads_equal_to_n_heads_is_mha_exactly():
 
 
 def test_triton_backend_falls_back_to_sdpa(caplog):
-    pytest.importorskip("triton")
     with caplog.at_level(logging.INFO, logger="aiayn"):
         m = model(attention_backend="triton")
     assert m.attention_backend == "sdpa"
@@ -291,7 +290,6 @@ def test_triton_backend_falls_back_to_sdpa(caplog):
 def test_ctranslate2_refuses_decoder_only_by_name(tmp_path, monkeypatch):
     """The converter names ``arch``; the quantize stage marks every CTranslate2 variant skipped with
     that reason and still measures the eager model."""
-    pytest.importorskip("ctranslate2")
     from support import tiny
     from aiayn.config.schema import params_from_dict
     from aiayn.export.ctranslate2 import UnsupportedModelError, check_supported

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from aiayn.data.batching import pad_batch  # noqa: E402
 from aiayn.checkpoint import save_model  # noqa: E402
@@ -259,7 +259,7 @@ def test_mlflow_transformers_flavor_serves_the_folder(exported, tmp_path, monkey
 
 @pytest.mark.slow
 def test_smoke_pipeline_model_keeps_parity_on_its_test_split(smoke_pipeline, tmp_path):
-    """The quickly trained smoke model: every greedy line identical, log-probabilities within 1e-4."""
+    """The quickly trained smoke model: greedy lines identical (99.5 %: near-ties), log-probabilities within 1e-4."""
     root = Path(smoke_pipeline["root"])
     model_dir = root / "artifacts" / "model"
     hf, _ = load(export_marian(model_dir, tmp_path / "hf", decode=DecodeOptions(beam_size=2, max_len_b=10)))
@@ -270,9 +270,15 @@ def test_smoke_pipeline_model_keeps_parity_on_its_test_split(smoke_pipeline, tmp
     opts = DecodeOptions(beam_size=1, max_len_a=1.0, max_len_b=10)
     srcs = tr.encode(en, opts)
     same = sum(a == b for a, b in zip(tr.decoder.translate_ids(srcs, opts), marian_translate_ids(hf, srcs, opts)))
+    # measured 100.00 % of the 1,000 lines (docs/results.md, "Hugging Face Marian export: parity", the smoke
+    # model). A line can differ only where its two best pieces are closer than the float32 noise between the
+    # two implementations (below): a near-tie, which turns the rest of the line. 0.995 lets 5 such lines in
+    # 1,000 differ; a wrong mapping moves log-probs far beyond 1e-4 and fails the check below anyway
     assert same / len(srcs) >= 0.995, f"{same}/{len(srcs)} greedy lines identical"
     src = pad_batch(srcs)
     tgt_in = pad_batch([np.asarray([BOS_ID] + ids[:200], dtype=np.int64) for ids in tr.tokenizer.encode(de)])
     with torch.inference_mode():
         ours = torch.log_softmax(tr.decoder.model(src, tgt_in), dim=-1)
+    # float32 summation order only: measured max 5.7e-6 (the smoke model) and 1.4e-5 (the 8000-piece model) on an
+    # AVX-512 host (docs/results.md); 1e-4 leaves ~7x the larger for other hosts' kernels (AVX2 sums otherwise)
     assert (marian_logprobs(hf, src, tgt_in) - ours).abs()[tgt_in.ne(PAD_ID)].max().item() < 1e-4

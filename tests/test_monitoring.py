@@ -112,6 +112,9 @@ def test_src_lang_score_separates_english_from_german(world):
     en, de = tiny.corpus(50, 99)
     d_en = describe(en, world["tok"], ref.source_side)
     d_de = describe(de, world["tok"], ref.source_side)
+    # measured 0.83 (English) and 0.08 (German): deterministic (a fixed corpus, a sentencepiece model trained on
+    # a fixed one). Shared pieces (single letters, pieces both languages spell alike) keep English below 1 and
+    # German above 0; each side stays within 0.2 of its own end
     assert d_en["src_lang_score"].mean() > 0.8 > 0.2 > d_de["src_lang_score"].mean()
 
 

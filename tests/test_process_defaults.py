@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support.strict import host_class_skip
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -97,7 +99,7 @@ def test_the_cpu_kernels_are_avx2_wherever_the_cpu_has_avx2():
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/srv/cache"
 
     if not {"avx2", "fma"} <= set(host_info(probe=False).isa):
-        pytest.skip("this CPU has no AVX2: PyTorch picks its own kernels here")
+        host_class_skip("this CPU has no AVX2: PyTorch picks its own kernels here")
     code = ("from pipelines import run_stage as stage\n"
             "try:\n    stage.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "import torch\nprint(torch.backends.cpu.get_cpu_capability())\n"
@@ -179,7 +181,7 @@ def test_the_train_stage_computes_the_gemm_bytes_of_an_avx2_only_cpu():
 
     host = host_info(probe=False)
     if not {"avx2", "fma"} <= set(host.isa):
-        pytest.skip("this CPU has no AVX2")
+        host_class_skip("this CPU has no AVX2")
 
     def gemm(mode: str, **env: str) -> list[str]:
         out = subprocess.run([sys.executable, "-c", _GEMM_BYTES, mode], cwd=REPO, env=_bare_env() | env,
@@ -211,6 +213,7 @@ print(torch.backends.cpu.get_cpu_capability(), all(torch.allclose(a, b, rtol=1e-
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # two torch.compile processes, one after the other, each bounded by its own 600 s
 def test_a_compiled_run_after_one_under_other_cpu_kernels_computes_the_same(tmp_path):
     """torch 2.13's Inductor cache reuses kernels compiled for another ``ATEN_CPU_CAPABILITY``'s vector
     width: a ``train.compile`` run on an AVX-512 host after one with the other kernels computed wrong sums
@@ -220,7 +223,7 @@ def test_a_compiled_run_after_one_under_other_cpu_kernels_computes_the_same(tmp_
     from aiayn.host import host_info
 
     if "avx512f" not in host_info(probe=False).isa:
-        pytest.skip("needs an AVX-512 host: two kernel sets to switch between")
+        host_class_skip("needs an AVX-512 host: two kernel sets to switch between")
     env = _bare_env() | {"TMPDIR": str(tmp_path)}
     lines = []
     for extra in ({"ATEN_CPU_CAPABILITY": "avx512"}, {}):

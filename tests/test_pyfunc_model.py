@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ctranslate2")
-
 from support import tiny  # noqa: E402
 from aiayn.inference.runtimes import DecodeOptions  # noqa: E402
 from aiayn.inference.load import BundlePredictor  # noqa: E402

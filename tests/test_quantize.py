@@ -7,25 +7,25 @@ import json
 import os
 from pathlib import Path
 
+import ctranslate2
 import numpy as np
 import pytest
 import torch
 
-ctranslate2 = pytest.importorskip("ctranslate2")
+from aiayn.config.schema import EOS_ID, ModelConfig, params_from_dict
+from aiayn.inference.search import max_output_lengths
+from aiayn.inference.runtimes import CT2Decoder, DecodeOptions, EagerDecoder
+from aiayn.data.batching import pad_batch
+from aiayn.quantize.gate import REJECTED, degenerate_lines, gate, max_run
+from aiayn.export.ctranslate2 import AiaynConverter, UnsupportedModelError, check_supported
+from aiayn.quantize.fake_quant import fake_quantize_int8
+from aiayn.quantize.int8 import ACCUMULATIONS, int8_accumulation, int8_logprobs
+from aiayn.stages import Layout
+from aiayn.tokenizer import Tokenizer
+from aiayn.inference.translator import Translator
 
-from aiayn.config.schema import EOS_ID, ModelConfig, params_from_dict  # noqa: E402
-from aiayn.inference.search import max_output_lengths  # noqa: E402
-from aiayn.inference.runtimes import CT2Decoder, DecodeOptions, EagerDecoder  # noqa: E402
-from aiayn.data.batching import pad_batch  # noqa: E402
-from aiayn.quantize.gate import REJECTED, degenerate_lines, gate, max_run  # noqa: E402
-from aiayn.export.ctranslate2 import AiaynConverter, UnsupportedModelError, check_supported  # noqa: E402
-from aiayn.quantize.fake_quant import fake_quantize_int8  # noqa: E402
-from aiayn.quantize.int8 import ACCUMULATIONS, int8_accumulation, int8_logprobs  # noqa: E402
-from aiayn.stages import Layout  # noqa: E402
-from aiayn.tokenizer import Tokenizer  # noqa: E402
-from aiayn.inference.translator import Translator  # noqa: E402
-
-from support import tiny  # noqa: E402
+from support import tiny
+from support.strict import host_class_skip
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +98,16 @@ def test_int8_weight_round_trip_error_bounded(tok, tmp_path):
 
     host = int8_accumulation()
     expected = [host["accumulation"]] if host["accumulation"] in ACCUMULATIONS else list(ACCUMULATIONS)
+    # 1e-4: the converter's float32 tolerance (test_converter_round_trip_scores_match_ours), what is left once
+    # the int8 sums are the same; measured 9.4e-7 nats here (AMD EPYC, oneDNN without VNNI: int16-saturating)
     assert min(gap(kind) for kind in expected) < 1e-4, (host, {k: gap(k) for k in ACCUMULATIONS})
     # the reference's exact arithmetic stays within int8's rounding of float: per layer at most half a
-    # step of each weight and activation; measured end to end 0.05 nats on this model
+    # step of each weight and activation. Measured 0.049 nats end to end on this model; both sides are
+    # computed by torch here, not by a host's int8 kernel, so that holds on any host up to float32
+    # rounding (~1e-6). Bound 0.1: 2x the measured gap; 0 < : the two really differ
     exact_vs_float = max(np.abs(a - b).max() for a, b in zip(
         int8_logprobs(model, srcs, tgts, accumulation="exact"), EagerDecoder(model).score_ids(srcs, tgts)))
-    assert 0 < exact_vs_float < 0.5
+    assert 0 < exact_vs_float < 0.1
 
 
 @pytest.mark.parametrize("env, isa, want", [
@@ -145,7 +149,7 @@ def test_int8_saturating_path_is_what_onednn_computes_without_vnni(tok, tmp_path
     from aiayn.host import host_info
 
     if "avx2" not in host_info(probe=False).isa:
-        pytest.skip("needs an x86 CPU with AVX2 (oneDNN's AVX2 int8 kernel)")
+        host_class_skip("needs an x86 CPU with AVX2 (oneDNN's AVX2 int8 kernel)")
     model = _model(tok)
     _ct2(model, tok, tmp_path, "int8", "i8")
     en, de = _corpus(8, 3)
@@ -189,7 +193,11 @@ def test_int8_with_float16_storage_is_smaller_and_decodes_like_int8(tok, tmp_pat
     en, de = _corpus(8, 3)
     srcs, tgts = Translator(tok, EagerDecoder(model)).encode(en), tok.encode(de)
     gap = max(np.abs(a - b).max() for a, b in zip(i8.score_ids(srcs, tgts), i8h.score_ids(srcs, tgts)))
-    assert 0 < gap < 0.15  # float16 rounding of biases, LayerNorm and positions (d_model 32, random weights)
+    # float16 rounding (2^-11 relative) of biases, LayerNorm and positions (d_model 32, random weights), carried
+    # through the int8 GEMMs: measured 0.032 nats here (oneDNN without VNNI, int16-saturating sums). The
+    # exact-sum path (VNNI) was not measured; a saturating pair can amplify a small change, so the bound
+    # keeps ~5x the measured gap: 0.15. 0 < : float16 storage really ran
+    assert 0 < gap < 0.15
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -377,7 +385,9 @@ def test_stage_end_to_end_and_damaged_variant_is_rejected(tok, tmp_path, monkeyp
     if not torch.cuda.is_available():
         for name in ("ct2-int8_float16", "ct2-bfloat16", "torchao-int8-weight-only", "torchao-int4-weight-only"):
             assert summary[name]["status"] == "skipped" and "CUDA" in report["variants"][name]["reason"]
-    assert report["score_check"]["passed"] and report["parity"]["greedy_agreement"] >= 0.99
+    # greedy parity is exact (_params' comment; ct2-float32's BLEU delta is 0 above): measured 1.0 on the 24
+    # gate lines. The old bound 0.99 admitted no mismatch at 24 lines anyway (23/24 = 0.958); say so
+    assert report["score_check"]["passed"] and report["parity"]["greedy_agreement"] == 1.0
     assert metrics["ct2-int8"]["bytes"] < metrics["ct2-float32"]["bytes"]
     for split in ("test_a", "test_b"):
         assert {"bleu", "chrf", "bleu_delta", "chrf_delta"} <= set(metrics["ct2-int8"][split])
@@ -404,7 +414,7 @@ def test_int8_variant_is_gated_under_both_ways_of_summing_int8_products(tok, tmp
     from aiayn.stages import quantize as stage
 
     if "avx2" not in host_info(probe=False).isa:
-        pytest.skip("needs an x86 CPU with AVX2 (both int8 paths of CTranslate2)")
+        host_class_skip("needs an x86 CPU with AVX2 (both int8 paths of CTranslate2)")
     monkeypatch.setenv("AIAYN_TRACKING", "0")
     layout = _project(tmp_path, tmp_path, tok)
     quantize = dict(variants=["ct2-float32", "ct2-int8"], serving_preference=["ct2-int8", "ct2-float32"],
@@ -413,8 +423,12 @@ def test_int8_variant_is_gated_under_both_ways_of_summing_int8_products(tok, tmp
     sums = json.loads((layout.quantized / "ct2-int8" / "variant.json").read_text())["int8_sums"]
     assert sums["this_host"]["accumulation"] in ACCUMULATIONS and set(sums["gated"]) == set(ACCUMULATIONS)
     exact, saturating = sums["gated"]["exact"], sums["gated"]["int16-saturating"]
-    if exact["status"] == "skipped":  # an Intel CPU without VNNI (or MKL held to AVX2 by the environment)
-        pytest.skip(f"this host cannot sum int8 products exactly: {exact}")
+    if exact["status"] == "skipped":  # an Intel CPU without VNNI, or MKL/oneDNN held back by the environment
+        held = [v for v in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "CT2_USE_MKL")
+                if os.environ.get(v)]
+        if held:  # an environment skip (a failure under AIAYN_TEST_STRICT=1): unset them to run it
+            pytest.skip(f"{held} set: CTranslate2's int8 kernels held back here: {exact}")
+        host_class_skip(f"this CPU cannot sum int8 products exactly (an Intel CPU without VNNI): {exact}")
     assert exact["status"] == "accepted" and exact["bleu_delta"] > -20
     assert saturating["status"] == REJECTED and saturating["bleu_delta"] < exact["bleu_delta"] - 20
     assert summary["ct2-int8"]["status"] == REJECTED and summary["serving_default"] == "ct2-float32"

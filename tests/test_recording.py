@@ -85,15 +85,34 @@ def test_mlflow_recorder_opens_a_tracker_with_the_stage_s_record(tmp_path):
 
 def test_settings_defaults_and_parsing():
     assert Settings.from_env({}) == Settings()
-    assert Settings().tracking and Settings().registered_model == "aiayn-en-de" and Settings().serve_threads == 1
+    assert Settings().tracking and Settings().serve_threads == 1 and Settings().flash_autotune
     env = {"AIAYN_TRACKING": " Off ", PARENT_RUN_ENV: "abc", "AIAYN_DATA_MIRROR": "/m", "AIAYN_SERVE_THREADS": "4",
            "AIAYN_FLASH_AUTOTUNE": "0", "AIAYN_STAGE_ERROR_FILE": "/tmp/e", "AIAYN_PIPELINE_RUN_ID": "p",
-           "AIAYN_DVC_REMOTE": "s3", "AIAYN_REQUIRE_SERVICES": "1", "AIAYN_REGISTERED_MODEL": "m"}
+           "AIAYN_DVC_REMOTE": "s3", "AIAYN_REGISTERED_MODEL": "m", "AIAYN_REQUEST_LOG_URL": "postgresql://h/db"}
     s = Settings.from_env(env)
     assert (s.tracking, s.parent_run_id, s.data_mirror, s.serve_threads, s.flash_autotune) == (
         False, "abc", Path("/m"), 4, False)
-    assert (s.stage_error_file, s.pipeline_run_id, s.dvc_remote, s.require_services, s.registered_model) == (
-        Path("/tmp/e"), "p", "s3", True, "m")
+    assert (s.stage_error_file, s.pipeline_run_id, s.dvc_remote, s.registered_model_override, s.request_log_url) == (
+        Path("/tmp/e"), "p", "s3", "m", "postgresql://h/db")
+
+
+def test_every_setting_is_read_by_the_product():
+    """``Settings`` is the product's environment: each field has a reader in src/, pipelines/ or
+    monitoring/ (outside settings.py). A switch only the tests read (``AIAYN_TEST_STRICT``,
+    ``AIAYN_TEST_DISTRIBUTED``) is the tests' own and lives in tests/support."""
+    import dataclasses
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    product = [p for top in ("src", "pipelines", "monitoring") for p in (repo / top).rglob("*.py")
+               if p.name != "settings.py"]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in product)
+    unread = [f.name for f in dataclasses.fields(Settings) if not re.search(rf"\.{f.name}\b", text)]
+    assert not unread, f"Settings fields no product code reads: {unread}"
+    from aiayn.config import settings
+
+    assert not [v for k, v in vars(settings).items() if k.endswith("_ENV") and v.startswith("AIAYN_TEST_")]
+    assert not hasattr(settings, "REQUIRE_SERVICES_ENV")
     for off in ("0", "false", "NO", "off"):
         assert not Settings.from_env({"AIAYN_TRACKING": off}).tracking
     assert Settings.from_env({"AIAYN_TRACKING": "yes"}).tracking

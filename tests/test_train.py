@@ -415,7 +415,9 @@ def test_bf16_autocast_trains_on_cpu_and_fp16_needs_cuda(tmp_path):
     fp32 = train(MODEL, cfg(max_steps=6), split, None, tmp_path / "fp32")
     bf16 = train(MODEL, cfg(max_steps=6, precision="bf16"), split, None, tmp_path / "bf16")
     assert all(math.isfinite(v) for v in bf16.losses.values())
-    assert bf16.losses[1] == pytest.approx(fp32.losses[1], abs=0.05)  # same weights, bf16 rounding only
+    # same weights, bf16 rounding only: measured |4.2972 - 4.2967| = 5.1e-4 here. bf16 keeps 8 significant bits
+    # (2^-9 = 0.2 % relative rounding); 0.2 % of this loss (4.3) is 0.0084: bound 0.01 (was 0.05)
+    assert bf16.losses[1] == pytest.approx(fp32.losses[1], abs=0.01)
     assert bf16.losses != fp32.losses  # autocast really ran in bf16
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="fp16 needs CUDA"):

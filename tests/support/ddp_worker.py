@@ -15,6 +15,7 @@ the final checkpoint's (full tensors also under FSDP).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -27,9 +28,12 @@ from safetensors.torch import save_file
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.train.distributed import init_process_group, world_from_env
-from aiayn.config.settings import Settings
 from aiayn.train import train
 from test_train import MODEL, cfg, synthetic_split
+
+#: The worker's ``train.distributed`` (``ddp``, the default, or ``fsdp``): set by tests/test_distributed.py.
+#: The tests' own variable, not a setting of the product (``aiayn.config.settings``).
+DISTRIBUTED_ENV = "AIAYN_TEST_DISTRIBUTED"
 
 
 HOLD_TIMEOUT_S = 300.0
@@ -67,7 +71,6 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     world = world_from_env()
     init_process_group(world, torch.device("cpu"))
-    settings = Settings.from_env()
     steps: dict[int, list[float]] = {}
 
     def done(step: int) -> None:
@@ -81,7 +84,7 @@ def main() -> int:
         else:
             done(step)
 
-    mode = settings.test_distributed
+    mode = os.environ.get(DISTRIBUTED_ENV, "ddp")
     result = train(MODEL, cfg(max_steps=max_steps, grad_accum=grad_accum, checkpoint_every=5, keep_checkpoints=20,
                               distributed=mode),
                    synthetic_split(96), None, ckpt, on_step=on_step, world=world)

@@ -16,8 +16,8 @@ class with ``start()`` / ``stop()`` that runs the real program in its own proces
   (``--artifacts-destination``, ``--serve-artifacts``): clients need no S3 credentials.
 - ``PrefectServer``: ``prefect server start`` (optionally on Postgres, UI on or off).
 
-``require(binary)`` finds a program; a missing one skips the test, or fails it when
-``AIAYN_REQUIRE_SERVICES=1`` (set by ``.ci/run``: CI must run these tests, never skip them).
+``require(binary)`` finds a program; a missing one skips the test, an environment skip, which fails it
+under ``AIAYN_TEST_STRICT=1`` (``support.strict``; set by ``.ci/run``: CI must run these tests).
 """
 
 from __future__ import annotations
@@ -90,19 +90,14 @@ def stop_process(proc: subprocess.Popen | None) -> None:
 
 
 def require(binary: str, *, hint: str) -> str:
-    """Path of ``binary`` (PATH, the venv, or a glob); skip, or fail under ``AIAYN_REQUIRE_SERVICES=1``."""
+    """Path of ``binary`` (PATH, the venv, or a glob); skip without it (a failure under ``AIAYN_TEST_STRICT=1``)."""
     found = shutil.which(binary) or shutil.which(binary, path=str(VENV_BIN))
     if found is None and any(c in binary for c in "*?["):
         matches = sorted(glob.glob(binary))
         found = matches[-1] if matches else None
     if found:
         return found
-    message = f"{binary} not found: {hint}"
-    from aiayn.config.settings import Settings
-
-    if Settings.from_env().require_services:
-        pytest.fail(message)
-    pytest.skip(message)
+    pytest.skip(f"{binary} not found: {hint}")
 
 
 def http_ok(url: str) -> bool:

@@ -1,10 +1,11 @@
 """The environment an aiayn process reads, and the defaults it sets where it starts.
 
-Every ``AIAYN_*`` variable is named here once (the ``*_ENV`` constants) and parsed by
-``Settings.from_env`` into one frozen object; code that needs one reads that object, never
+Every ``AIAYN_*`` variable the product reads is named here once (the ``*_ENV`` constants) and parsed
+by ``Settings.from_env`` into one frozen object; code that needs one reads that object, never
 ``os.environ``. ``from_env`` is cheap and caches nothing: each operation (a stage's recorder, a
 fetch, a flow's push) reads the environment once when it starts, so a variable a flow exports for
-its stage processes, or a test sets, is seen by the next operation.
+its stage processes, or a test sets, is seen by the next operation. Switches only the tests read
+(``AIAYN_TEST_STRICT``, ``AIAYN_TEST_DISTRIBUTED``) are the tests' own (tests/support), not settings.
 
 Two ``AIAYN_*`` variables are not read by any Python code and have no field:
 ``AIAYN_S3_ACCESS_KEY_ID`` and ``AIAYN_S3_SECRET_ACCESS_KEY`` (``.env`` / ``docker-compose.yml``:
@@ -41,7 +42,6 @@ __all__ = [
     "TRACKING_ENV",
     "PARENT_RUN_ENV",
     "REGISTERED_MODEL_ENV",
-    "REGISTERED_MODEL",
     "MIRROR_ENV",
     "SERVE_THREADS_ENV",
     "FLASH_AUTOTUNE_ENV",
@@ -49,8 +49,6 @@ __all__ = [
     "PIPELINE_RUN_ENV",
     "DVC_REMOTE_ENV",
     "REQUEST_LOG_URL_ENV",
-    "REQUIRE_SERVICES_ENV",
-    "TEST_DISTRIBUTED_ENV",
 ]
 
 #: ``0``/``false``/``off``/``no`` (any case): MLflow tracking off, every recorder call a no-op.
@@ -61,8 +59,6 @@ PARENT_RUN_ENV = "AIAYN_PARENT_RUN_ID"
 #: Name of the model the export stage registers in the MLflow Model Registry; unset, the name comes
 #: from the language pair (``aiayn.config.schema.registered_model_name``: ``aiayn-{src_lang}-{tgt_lang}``).
 REGISTERED_MODEL_ENV = "AIAYN_REGISTERED_MODEL"
-#: Default of ``REGISTERED_MODEL_ENV``: the registered model of the default pair (en-de).
-REGISTERED_MODEL = "aiayn-en-de"
 #: A local folder holding the Multi30k files (``fetch`` copies from it instead of downloading).
 MIRROR_ENV = "AIAYN_DATA_MIRROR"
 #: CTranslate2 workers (one thread each) / torch threads of the registered pyfunc model.
@@ -79,15 +75,11 @@ DVC_REMOTE_ENV = "AIAYN_DVC_REMOTE"
 #: ``aiayn serve`` (unless ``--log-url``) and the drift monitor (unless ``--log-url``/``--input``):
 #: replicas share one log. Unset: the SQLite file (``--log-path`` / ``monitor.log_path``).
 REQUEST_LOG_URL_ENV = "AIAYN_REQUEST_LOG_URL"
-#: Tests: ``1`` makes a test that needs a missing service program fail instead of skip (CI).
-REQUIRE_SERVICES_ENV = "AIAYN_REQUIRE_SERVICES"
-#: Tests (``tests/support/ddp_worker.py``): ``train.distributed`` of the worker (default ``ddp``).
-TEST_DISTRIBUTED_ENV = "AIAYN_TEST_DISTRIBUTED"
 
 #: Set where an aiayn process starts, unless already set. ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP
 #: workers sleep instead of spinning; on a 2-core machine with one or two other busy processes,
 #: 2-thread training keeps ~0.56-0.62 of its idle speed instead of ~0.37-0.38, idle it costs ~5 %
-#: (docs/studies/thread-oversubscription.md, ``benchmarks/contention.py``). Speed only, never results;
+#: (docs/studies/thread-oversubscription.md, ``benchmarks/perf/contention.py``). Speed only, never results;
 #: no effect once torch has loaded its OpenMP runtime.
 PROCESS_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 #: Set too where the CPU has AVX2 and FMA (every x86 host this project has seen): PyTorch's
@@ -169,8 +161,6 @@ class Settings:
     tracking: bool = True
     #: ``PARENT_RUN_ENV``: the pipeline run to nest under, when an orchestrator made one.
     parent_run_id: str | None = None
-    #: ``REGISTERED_MODEL_ENV``: the registered model's name (``REGISTERED_MODEL`` when unset).
-    registered_model: str = REGISTERED_MODEL
     #: ``REGISTERED_MODEL_ENV`` as given, None when unset: replaces the name the export stage derives
     #: from the language pair (``aiayn.config.schema.registered_model_name``).
     registered_model_override: str | None = None
@@ -188,10 +178,6 @@ class Settings:
     dvc_remote: str | None = None
     #: ``REQUEST_LOG_URL_ENV``: the shared request log, when set (holds a password: never log it).
     request_log_url: str | None = None
-    #: ``REQUIRE_SERVICES_ENV``: tests fail instead of skip without a service program.
-    require_services: bool = False
-    #: ``TEST_DISTRIBUTED_ENV``: the test DDP worker's ``train.distributed``.
-    test_distributed: str = "ddp"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -207,7 +193,6 @@ class Settings:
         return cls(
             tracking=env.get(TRACKING_ENV, "1").strip().lower() not in {"0", "false", "off", "no"},
             parent_run_id=_optional(env, PARENT_RUN_ENV),
-            registered_model=env.get(REGISTERED_MODEL_ENV, REGISTERED_MODEL),
             registered_model_override=env.get(REGISTERED_MODEL_ENV),
             data_mirror=Path(mirror) if mirror else None,
             serve_threads=_number(env, SERVE_THREADS_ENV, "1", int),
@@ -216,8 +201,6 @@ class Settings:
             pipeline_run_id=_optional(env, PIPELINE_RUN_ENV),
             dvc_remote=_optional(env, DVC_REMOTE_ENV),
             request_log_url=_optional(env, REQUEST_LOG_URL_ENV),
-            require_services=env.get(REQUIRE_SERVICES_ENV) == "1",
-            test_distributed=env.get(TEST_DISTRIBUTED_ENV, "ddp"),
         )
 
 
