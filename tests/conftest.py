@@ -61,7 +61,7 @@ SHARED_GROUPS = {"test_dvc_pipeline": "smoke-pipeline", "test_pipelines": "smoke
                  "test_real_services": "services", "test_prefect_services": "services",
                  "test_serving_services": "services"}
 #: Groups to queue first (longest first, seconds on a 2-core host): the two processes then end together.
-HEAVY_FIRST = ("smoke-pipeline", "services", "test_distributed", "test_train", "test_monitoring",
+HEAVY_FIRST = ("smoke-pipeline", "services", "test_training_budget", "test_distributed", "test_train", "test_monitoring",
                "test_translate", "test_serve", "test_variants_study", "test_tracking", "test_flash_attention")
 
 
