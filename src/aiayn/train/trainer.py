@@ -277,7 +277,7 @@ class Trainer:
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
         # torch's fused kernel: one pass over each parameter instead of ~12 small ops (a 3 % cheaper CPU step in
-        # benchmarks/train_step_cost.py); FSDP's DTensor shards keep the per-tensor loop
+        # benchmarks/perf/train_step_cost.py); FSDP's DTensor shards keep the per-tensor loop
         self.optimizer = build_optimizer(self.model, cfg, lr=self._lr(1), fused=self.mode != "fsdp")
 
     def _resume(self, state: TrainState, path: Path) -> None:
