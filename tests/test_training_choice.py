@@ -1,4 +1,4 @@
-"""Issue 25: validation BLEU during training, early stopping, the validated checkpoint choice, honest budgets.
+"""Validation BLEU during training, early stopping, the validated checkpoint choice, honest budgets.
 
 A tiny text task (a sentencepiece model trained here on made-up sentences) so that validation BLEU
 decodes and scores real text through the one translation path.
