@@ -27,6 +27,11 @@ One run of this flow is one pipeline run:
    without a remote is *reported, not fatal*: the
    report says "not pushed" with DVC's reason. (The project's ``.dvc/config`` is where a
    remote belongs, e.g. ``dvc remote add -d local ../.dvc-remote``; this flow never edits it.)
+4b. **Registration check** (``registration_check``): the export bundle is a version of its registered model
+   in this run's MLflow store (``aiayn.stages.export.ensure_registered``, idempotent): DVC's run-cache
+   restores the export stage's outputs without running it (treeverse/dvc#4551), and a new or emptied store
+   would otherwise get no version (``aiayn serve``: no champion). Tracking on but the bundle not registered
+   (an unreachable store, MLflow refused): the run ends ``Failed`` saying why, after the push and the report.
 5. **Report**: a Prefect markdown artifact (key ``aiayn-pipeline-report``), whose FIRST line says when
    training was cut by the clock or a signal (``artifacts/train_metrics.json`` ``budget``): BLEU / chrF /
    lowercased-tokenized BLEU per test set with their sacreBLEU signatures
@@ -64,7 +69,8 @@ from aiayn.stages import Layout  # noqa: E402
 from aiayn.tracking import Tracker  # noqa: E402
 from pipelines.flows import TRANSIENT_ERRORS, fetch_corpus, io_task  # noqa: E402
 
-__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "publish_report", "render_report", "StageFailedError", "REPORT_KEY"]
+__all__ = ["main", "pipeline", "dvc_cache_data", "dvc_repro", "dvc_push", "registration_check", "publish_report",
+           "render_report", "StageFailedError", "REPORT_KEY"]
 
 #: Key of the markdown artifact (Prefect UI -> Artifacts); lowercase letters, digits, dashes.
 REPORT_KEY = "aiayn-pipeline-report"
@@ -209,6 +215,27 @@ def dvc_push(root: str) -> dict[str, Any]:
     return {"pushed": pushed, "remote": remote, "reason": None}
 
 
+@task(name="registration-check", cache_policy=NO_CACHE, persist_result=False)
+def registration_check(params: Any, layout: Layout, tracker: Tracker) -> dict[str, Any]:
+    """After ``dvc repro``: ``aiayn.stages.export.ensure_registered`` through the flow's ``tracker`` (module doc,
+    step 4b). Returns ``{"status", "version", "alias", "why"}``: status ``registered``, ``already registered``,
+    ``off`` (tracking turned off: nothing to check) or ``failed`` (tracking on, the bundle is not registered;
+    ``why`` says why)."""
+    from aiayn.stages.export import ensure_registered
+
+    logger = get_run_logger()
+    if not tracker.active and tracker.disabled_reason is None:
+        return {"status": "off", "version": None, "alias": None, "why": "tracking is turned off"}
+    out = ensure_registered(params, layout, tracker) if tracker.active else None
+    if out is None:
+        why = f"{layout.export} is not registered in {tracker.tracking_uri}: {tracker.disabled_reason}"
+        logger.error("registration check: %s", why)
+        return {"status": "failed", "version": None, "alias": None, "why": why}
+    status = "already registered" if out.get("already_registered") else "registered"
+    logger.info("registration check: %s as version %s (%s)", status, out["version"], out["alias"])
+    return {"status": status, "version": out["version"], "alias": out["alias"], "why": None}
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -343,6 +370,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         data_status = re_versioned(data_status, ran)
         tracker.refresh_lineage()  # the stages rewrote dvc.lock: the corpus they read, their outputs' hashes
         pushed = dvc_push(str(root_path)) if push else None
+        registration = registration_check(params, layout, tracker)
 
         mlflow_link = tracker.parent_run_url()
         training, hashes = _read_json(layout.train_metrics), _data_hashes(root_path)
@@ -359,6 +387,8 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
             timing=timing,
             corpus=None if isinstance(hashes, str) else corpus_input(root_path),  # the lock parsed: readable
         )
+        markdown += (f"- model registry: {registration['status']}" + (f" (version {registration['version']}, "
+                     f"{registration['alias']})" if registration["version"] else f": {registration['why']}") + "\n")
         artifact_id = publish_report(markdown)
         parent_run_id = tracker.parent_run_id
         if tracker.active:
@@ -375,6 +405,7 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
         "artifact_id": artifact_id,
         "report": markdown,
         "training_budget": (training or {}).get("budget"),
+        "registration": registration,
     }
     return final_result(result)
 
@@ -382,10 +413,17 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
 def final_result(result: dict[str, Any]) -> dict[str, Any] | State:
     """What the flow returns: ``result``, or when training was cut (``result["training_budget"]`` starts with
     ``CUT``) a ``Failed`` state holding it — a cut run is a failure (a scheduled run shows Failed), and
-    everything it made is kept and reported."""
+    everything it made is kept and reported. Likewise when the registration check failed
+    (``result["registration"]["status"] == "failed"``): its message says why."""
+    registration = result.get("registration") or {}
+    unregistered = (f"the export bundle is not registered: {registration['why']}"
+                    if registration.get("status") == "failed" else None)
     if _training_cut(result):
         return Failed(message=f"training was {result['training_budget']}: every stage ran and the report is "
-                      "published, but the model is not the configured one", data=result)
+                      "published, but the model is not the configured one"
+                      + (f"; {unregistered}" if unregistered else ""), data=result)
+    if unregistered:
+        return Failed(message=f"{unregistered} (every stage ran, the report is published)", data=result)
     return result
 
 

@@ -14,6 +14,7 @@ never ships. The model card's markdown: ``aiayn.export.model_card``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -25,18 +26,37 @@ from aiayn.inference.load import BundlePredictor
 from aiayn.inference.runtimes import DecodeOptions
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 
-__all__ = ["build_bundle", "register_bundle"]
+__all__ = ["build_bundle", "register_bundle", "bundle_sha256", "BUNDLE_SHA256_TAG"]
+
+#: The version tag naming the registered bundle's digest (``aiayn.tracking.registry.BUNDLE_SHA256_TAG``).
+BUNDLE_SHA256_TAG = "aiayn.bundle_sha256"
+
+
+def bundle_sha256(bundle: str | Path) -> str:
+    """The bundle's content digest: sha256 over each file's relative path and sha256, in path order
+    (the same bytes give the same digest in any clone)."""
+    root, h = Path(bundle), hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            file_hex = hashlib.file_digest(f, "sha256").hexdigest()
+        h.update(f"{path.relative_to(root).as_posix()}\0{file_hex}\n".encode())
+    return h.hexdigest()
 
 
 def register_bundle(tracker, bundle: str | Path, *, name: str, variant: str, gate_split: str, bleu: float,
-                    example: list[str], provenance: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                    example: list[str], provenance: dict[str, Any] | None = None,
+                    if_absent: bool = False) -> dict[str, Any] | None:
     """Register ``bundle`` through ``tracker`` (an ``aiayn.tracking.Tracker``) as a pyfunc model run by
     ``BundlePredictor``. ``provenance`` (e.g. the git commit) goes into the model card of the
     registered copy and into the version's tags, never into ``bundle`` itself (a DVC output: it stays
-    deterministic bytes). Returns ``Tracker.register_translation_model``'s result."""
+    deterministic bytes). The version's tags also carry ``bundle_sha256(bundle)`` (``BUNDLE_SHA256_TAG``):
+    the registry's idempotency key is made from it, and ``if_absent=True`` (a ``Tracker`` only) registers
+    nothing when a version holds that digest already. Returns ``Tracker.register_translation_model``'s result."""
     import tempfile
 
     provenance = dict(provenance or {})
+    digest = {BUNDLE_SHA256_TAG: bundle_sha256(bundle)}
+    absent = {"if_absent": True} if if_absent else {}  # a NullRun takes no such argument
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "bundle"
         shutil.copytree(bundle, copy)
@@ -45,7 +65,8 @@ def register_bundle(tracker, bundle: str | Path, *, name: str, variant: str, gat
         atomic_write_json(copy / "model_card.json", card)
         atomic_write_text(copy / "model_card.md", render_card(card))
         return tracker.register_translation_model(copy, name=name, variant=variant, gate_split=gate_split, bleu=bleu,
-                                                  example=example, predictor=BundlePredictor, tags=provenance)
+                                                  example=example, predictor=BundlePredictor,
+                                                  tags=provenance | digest, **absent)
 
 
 def build_bundle(

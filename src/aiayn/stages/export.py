@@ -15,6 +15,11 @@ overrides), so champions never cross language pairs, and the alias ``champion`` 
 when its ``quantize.gate_split`` BLEU is >= the current champion's of the same registered model
 (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``. A model whose training was cut
 by the clock or a signal is always ``challenger`` (``registry_provenance``).
+
+After ``dvc repro`` the pipeline flow calls ``ensure_registered``: DVC's run-cache can restore this stage's
+outputs without running it (treeverse/dvc#4551), and then nothing registers the bundle in a new or emptied
+tracking store. It registers ``artifacts/export`` when no version of the model holds its digest
+(``aiayn.export.bundle.bundle_sha256``), and does nothing when one does.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 import logging
 from typing import Any
 
-from aiayn.inference.artifacts import EAGER, read_model_config
+from aiayn.inference.artifacts import EAGER, read_bundle_info, read_model_config
 from aiayn.config.schema import DataConfig, Params, corpus_identity, registered_model_name
 from aiayn.inference.runtimes import DecodeOptions
 from aiayn.exitcodes import training_was_cut
@@ -34,7 +39,7 @@ from aiayn.config.settings import Settings
 from aiayn.stages import Layout
 from aiayn.inference.translator import max_source_tokens
 
-__all__ = ["run", "REGISTERED_MODEL", "RECORD", "registry_provenance"]
+__all__ = ["run", "REGISTERED_MODEL", "RECORD", "registry_provenance", "ensure_registered"]
 
 log = logging.getLogger("aiayn")
 
@@ -44,6 +49,9 @@ REGISTERED_MODEL = registered_model_name(DataConfig())
 
 #: How an export run is recorded: the variant, the model card, the registered version.
 RECORD = StageRecord("export")
+
+#: The input example of the registered pyfunc model.
+EXAMPLE = ["A man is riding a bicycle down the street."]
 
 
 def _read_json(path) -> Any:
@@ -168,20 +176,44 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     with recorder.start(RECORD) as tracker:
         tracker.set_tags({"export.variant": variant})
         tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
-        commit, dirty = git_commit(layout.root)
-        registered = register_bundle(
-            tracker, layout.export, name=name, variant=variant, gate_split=q.gate_split,
-            bleu=float(scores[q.gate_split]["bleu"]), example=["A man is riding a bicycle down the street."],
-            provenance=registry_provenance(model_meta, commit, dirty))
+        registered = _register(tracker, layout, name=name, variant=variant, gate_split=q.gate_split,
+                               bleu=float(scores[q.gate_split]["bleu"]), model_meta=model_meta)
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
         if registered and hf_dir is not None and params.export.mlflow_transformers:
             hf_version = tracker.register_transformers_model(
                 hf_dir, name=f"{name}-hf", alias=registered["alias"], task=f"translation_{d.src_lang}_to_{d.tgt_lang}",
-                example=["A man is riding a bicycle down the street."])
+                example=EXAMPLE)
             registered["transformers"] = {"name": f"{name}-hf", "version": hf_version}
     return {"variant": variant, "bundle": str(layout.export), "registered": registered,
             "hf_marian": None if hf_dir is None else str(hf_dir)}
+
+
+def _register(tracker, layout: Layout, *, name: str, variant: str, gate_split: str, bleu: float,
+              model_meta: dict[str, Any], if_absent: bool = False) -> dict[str, Any] | None:
+    """``artifacts/export`` registered through ``tracker`` with this checkout's commit (``register_bundle``)."""
+    commit, dirty = git_commit(layout.root)
+    return register_bundle(tracker, layout.export, name=name, variant=variant, gate_split=gate_split, bleu=bleu,
+                           example=EXAMPLE, provenance=registry_provenance(model_meta, commit, dirty),
+                           if_absent=if_absent)
+
+
+def ensure_registered(params: Params, layout: Layout, tracker) -> dict[str, Any] | None:
+    """Make sure ``artifacts/export`` is a version of its registered model in ``tracker``'s store (an
+    ``aiayn.tracking.Tracker``, e.g. the pipeline flow's ``orchestrate`` run): when no version holds the
+    bundle's digest, register it as the export stage does (the alias by the champion rule, the gate BLEU
+    and variant from the bundle's own card and ``bundle.json``), else do nothing. Returns
+    ``register_bundle``'s result (``"already_registered": True`` when nothing was done), or None when
+    tracking is off or MLflow failed (``tracker.disabled_reason``). The Hugging Face export is not
+    re-registered. Raises ``aiayn.inference.artifacts.BundleError`` when ``artifacts/export`` holds no bundle."""
+    info = read_bundle_info(layout.export)  # raises when artifacts/export holds no bundle
+    card = _read_json(layout.export / "model_card.json")
+    gate_split = params.quantize.gate_split
+    model_json = layout.model / "model.json"
+    model_meta = json.loads(model_json.read_text(encoding="utf-8")) if model_json.is_file() else {}
+    name = registered_model_name(params.data, Settings.from_env().registered_model_override)
+    return _register(tracker, layout, name=name, variant=info["variant"], gate_split=gate_split,
+                     bleu=float(card["scores"][gate_split]["bleu"]), model_meta=model_meta, if_absent=True)
 
 
 def _data_hashes(layout: Layout, params: Params) -> dict[str, str]:

@@ -169,6 +169,7 @@ class Tracker:
         self._calls_since_flush = 0
         self._last_flush = time.monotonic()
         self._warned = False
+        self._why: str | None = None
 
     # ----------------------------------------------------------------- properties
 
@@ -186,6 +187,12 @@ class Tracker:
     def parent_run_id(self) -> str | None:
         """The pipeline's parent run id (None when disabled)."""
         return self._parent_run_id if self._active else None
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why tracking turned itself off (unreachable store, an MLflow call that raised); None while it
+        works, and when it was off from the start (``enabled=False``, ``AIAYN_TRACKING=0``)."""
+        return self._why
 
     @property
     def state_path(self) -> Path:
@@ -216,6 +223,7 @@ class Tracker:
     def _disable(self, why: str) -> None:
         self._active = False
         self._buffer.clear()
+        self._why = self._why or why
         if not self._warned:
             self._warned = True
             log.warning("MLflow tracking disabled for stage %r: %s", self.stage, why)
@@ -512,15 +520,16 @@ class Tracker:
 
     def register_translation_model(
         self, bundle_dir: str | Path, *, name: str, variant: str, gate_split: str, bleu: float, example: list[str],
-        predictor: type, tags: Mapping[str, Any] | None = None,
+        predictor: type, tags: Mapping[str, Any] | None = None, if_absent: bool = False,
     ) -> dict[str, Any] | None:
         """Log a serving bundle on this run as an MLflow pyfunc model (``serving_model``), register a
         version of ``name`` and give it an alias by ``registry.choose_alias`` (``registry.register_translation``).
 
         ``predictor``: the class the pyfunc model runs (``aiayn.inference.load.BundlePredictor``: built from the
-        bundle folder, ``parse(model_input)`` and ``translate(sentences)``). Returns
+        bundle folder, ``parse(model_input)`` and ``translate(sentences)``). ``if_absent``: register only
+        a bundle no version of ``name`` holds yet (``registry.register_translation``). Returns
         ``{"version", "alias", "champion_bleu_before"}``, or None when tracking is off or MLflow failed
-        (one warning, the pipeline goes on; the bundle on disk is unaffected).
+        (one warning, the pipeline goes on; the bundle on disk is unaffected; ``disabled_reason`` says why).
         """
         if not self._active:
             return None
@@ -528,7 +537,7 @@ class Tracker:
                            experiment_id=self._experiment_id, run_id=self._run_id,
                            parent_run_id=self._parent_run_id, bundle=Path(bundle_dir), name=name, variant=variant,
                            gate_split=gate_split, bleu=float(bleu), example=list(example), predictor=predictor,
-                           tags=dict(tags or {}))
+                           tags=dict(tags or {}), if_absent=if_absent)
 
     def register_transformers_model(self, hf_dir: str | Path, *, name: str, alias: str | None, task: str,
                                     example: list[str]) -> str | None:
