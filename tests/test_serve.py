@@ -16,8 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("ctranslate2")
-
 from support import tiny  # noqa: E402
 from aiayn.config.schema import params_from_dict  # noqa: E402
 from aiayn.inference.artifacts import EAGER, BundleError, read_bundle_info  # noqa: E402

@@ -23,8 +23,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytest.importorskip("ctranslate2")
-
 from support import tiny  # noqa: E402
 from support.services import wait_for  # noqa: E402
 from aiayn.inference.runtimes import DecodeOptions  # noqa: E402
