@@ -16,14 +16,18 @@ project's own ``artifacts/``, ``data/``, ``mlflow.db`` or DVC cache:
                       the project's other remotes (``s3``) copied as they are
 
 ``data/`` is left empty: the ``fetch`` flow (or ``pipeline``) fills it.
+
+``copy_project(src, dest)`` copies a built project (or an MLflow store folder) so that the copy refers
+to itself only: what a test that changes a shared project works on.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
-__all__ = ["PROJECT_ROOT", "resolved_params_yaml", "scratch_project"]
+__all__ = ["PROJECT_ROOT", "copy_project", "resolved_params_yaml", "scratch_project"]
 
 #: The repository root (this file is ``<root>/tests/support/scratch.py``).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -103,4 +107,80 @@ def scratch_project(dest: str | Path, params: str | Path, *, source: str | Path 
             conf["core"]["analytics"] = False
             conf["remote"]["local"] = {"url": str(dest / ".dvc-remote")}
             conf["remote"].update(_shared_remotes(source))
+    return dest
+
+
+def _sqlite_replace(db: Path, old: str, new: str) -> None:
+    """Every text value in every table of SQLite database ``db`` with ``old`` replaced by ``new``."""
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        for table in tables:
+            for column in [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]:
+                con.execute(f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?) '
+                            f'WHERE typeof("{column}") = \'text\' AND instr("{column}", ?) > 0', (old, new, old))
+        con.commit()
+    finally:
+        con.close()
+
+
+def _is_sqlite(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(16) == b"SQLite format 3\x00"
+
+
+#: Where ``copy_project`` rewrites text files: DVC's config (its ``local`` remote) and what MLflow and the
+#: pipeline keep beside a store (artifacts, ``meta.yaml``, the pipeline run state). Never DVC-tracked
+#: files (``data/``, ``artifacts/``, the code): their bytes are what DVC hashed.
+_REWRITTEN_TEXT = (".dvc/config", ".dvc/config.local")
+_REWRITTEN_FOLDERS = ("mlruns", "mlartifacts", ".aiayn")
+#: Folders ``copy_project`` never rewrites in: git's objects, DVC's cache and remote (content-addressed).
+_LEFT_AS_COPIED = (".git", ".dvc/cache", ".dvc-remote")
+
+
+def copy_project(src: str | Path, dest: str | Path) -> Path:
+    """Copy the folder ``src`` (a scratch project, an MLflow store folder) to ``dest`` (must not exist)
+    so that the copy refers to itself only; return ``dest``'s absolute path.
+
+    A test that changes shared state (retrains, registers a version, commits, runs an experiment)
+    works on such a copy; the shared original stays as it was built. Absolute paths of ``src`` are
+    rewritten to ``dest`` (``file://`` URIs first, then plain paths) in every SQLite database of the
+    tree (MLflow stores keep artifact locations as absolute URIs: experiments, runs, logged models,
+    model versions), in DVC's config (the ``local`` remote is ``src/.dvc-remote``) and in UTF-8 text
+    under ``mlruns/``, ``mlartifacts/`` and ``.aiayn/``. DVC-tracked files are never rewritten, and
+    file times are kept, so DVC finds the copy exactly as up to date as the original; DVC's
+    own caches outside the project are keyed by absolute path, so for the copy they simply miss.
+    Symlinks are copied as links. Raises ``FileExistsError`` if ``dest`` exists.
+    """
+    src, dest = Path(src).resolve(), Path(dest).resolve()
+    if dest.exists():
+        raise FileExistsError(f"copy_project: {dest} exists")
+    shutil.copytree(src, dest, symlinks=True)
+    pairs = [(src.as_uri(), dest.as_uri()), (str(src), str(dest))]
+    for path in dest.rglob("*"):
+        rel = path.relative_to(dest).as_posix()
+        if path.is_symlink() or not path.is_file() or any(rel == f or rel.startswith(f + "/") for f in _LEFT_AS_COPIED):
+            continue
+        if path.name.endswith(("-wal", "-shm", "-journal")):
+            continue  # a database's sidecar: its database is rewritten through SQLite
+        if _is_sqlite(path):
+            for old, new in pairs:
+                _sqlite_replace(path, old, new)
+            continue
+        if rel not in _REWRITTEN_TEXT and path.relative_to(dest).parts[0] not in _REWRITTEN_FOLDERS:
+            continue
+        data = path.read_bytes()
+        if str(src).encode() not in data:
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # binary: not rewritten
+        stat = path.stat()
+        for old, new in pairs:
+            text = text.replace(old, new)
+        path.write_text(text, encoding="utf-8")
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     return dest
