@@ -101,14 +101,15 @@ def drift(root: str = ".", params_path: str = "params.yaml", input_path: str | N
                              description=f"drift check: {summary['verdict']}")
     verdict = summary["verdict"]
     outputs = summary.get("outputs") or {}
-    if outputs.get("verdict") == "alarm":
-        message = (f"the served model's answers look broken in {outputs['answered']} answers: "
-                   f"{', '.join(outputs['alarms'])} flagged above the in-domain rate (reports: {out['report_dir']})")
-        logger.error(message)
-        return Failed(message=message)
+    problems = []  # both checks are reported when both alarm: the inputs first, then the answers
     if verdict == "drift":
-        message = (f"drift in {summary['window']['sentences']} production inputs: "
-                   f"{', '.join(summary['drifted'])} (reports: {out['report_dir']})")
+        problems.append(f"drift in {summary['window']['sentences']} production inputs: "
+                        f"{', '.join(summary['drifted'])}")
+    if outputs.get("verdict") == "alarm":
+        problems.append(f"the served model's answers look broken in {outputs['answered']} answers: "
+                        f"{', '.join(outputs['alarms'])} flagged above the in-domain rate")
+    if problems:
+        message = f"{'; '.join(problems)} (reports: {out['report_dir']})"
         logger.error(message)
         return Failed(message=message)
     if verdict == "insufficient_data":
