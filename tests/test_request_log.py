@@ -1,11 +1,19 @@
-"""The request log keeps what was answered: schema version 2 (the answer and its output signals beside
-the source), and a version-1 log migrated in place with every row kept."""
+"""The request log keeps what was answered: WAL, atomic writes and prunes, opened by path or URL; schema
+version 2 (the answer and its output signals beside the source), and a version-1 log migrated in place with
+every row kept."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
 
+import pytest
+
+from support import tiny
+from aiayn.serving.app import LogWriteError
 from aiayn.serving.request_log import SCHEMA_VERSION, SqliteRequestLog, open_request_log
+
+RequestLog = SqliteRequestLog
 
 #: The version-1 schema exactly as logs written before output signals hold it.
 V1_TABLES = """
@@ -80,3 +88,61 @@ def test_a_version_2_log_without_a_review_table_gets_one_and_keeps_its_rows(tmp_
         assert log.queue([("a", 0, "copy_rate")], queued_at=6.0) == 0  # never queued twice
         assert [(i.request_id, i.idx, i.source, i.output, i.reason, i.queued_at) for i in log.review_items()] == \
             [("a", 0, "x", "y", "sample", 5.0)]
+
+
+def test_request_log_is_wal_and_a_failed_write_raises(tmp_path):
+    rl = RequestLog(tmp_path / "log.db")
+    rl.write("r1", ts=time.time(), model={"name": "m", "version": "1", "variant": "v"}, beam_size=4,
+             sources=["a", "b"], source_tokens=[2, 2], output_tokens=[3, 1], outputs=["x y", "z"])
+    db = sqlite3.connect(tmp_path / "log.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT count(*) FROM sentences WHERE request_id='r1'").fetchone()[0] == 2
+    with pytest.raises(LogWriteError, match="UNIQUE"):  # the same request id twice: nothing half-written
+        rl.write("r1", ts=time.time(), model={}, beam_size=1, sources=["c"], source_tokens=[1], output_tokens=[1], outputs=["c"])
+    assert db.execute("SELECT count(*) FROM sentences").fetchone()[0] == 2
+    old = time.time() - 40 * 86400
+    rl.write("old", ts=old, model={}, beam_size=1, sources=["c"], source_tokens=[1], output_tokens=[1], outputs=["c"])
+    assert rl.prune(30) == 1
+    assert db.execute("SELECT count(*) FROM requests").fetchone()[0] == 1
+    rl.close()
+
+
+def test_a_failed_prune_rolls_back_and_pruned_text_leaves_the_file(tmp_path):
+    """At the log's level: a prune that fails (a trigger raising on DELETE, as a
+    full disk would) is rolled back, so later writes succeed and another writer is not locked out;
+    a prune that works leaves none of the deleted text in the database or its WAL."""
+    path = tmp_path / "log.db"
+    rl = RequestLog(path, busy_timeout_ms=2000)
+    old = time.time() - 40 * 86400
+    rl.write("old", ts=old, model={}, beam_size=1, sources=["zqzq secret caption"], source_tokens=[3],
+             output_tokens=[3], outputs=["x"])
+    other = sqlite3.connect(path, timeout=2)
+    other.execute("CREATE TRIGGER no_delete BEFORE DELETE ON sentences BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    other.commit()
+    with pytest.raises(LogWriteError, match="disk full"):
+        rl.prune(30)
+    rl.write("new", ts=time.time(), model={}, beam_size=1, sources=["a man"], source_tokens=[2], output_tokens=[2],
+             outputs=["y"])  # the connection is not left inside the failed transaction
+    other.execute("DROP TRIGGER no_delete")  # ...and holds no lock
+    other.commit()
+    other.close()
+    assert rl.counts() == {"requests": 2, "sentences": 2} and rl.request_ids() == {"old": 1, "new": 1}
+    assert rl.prune(30) == 1 and rl.counts() == {"requests": 1, "sentences": 1}
+    assert [s.source for s in rl.latest(5)] == ["a man"]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("log.db*"))
+    assert b"zqzq secret caption" not in stored
+    rl.close()
+
+
+def test_the_log_is_opened_by_path_or_url_and_read_only_opens_create_nothing(tmp_path):
+    from aiayn.serving.request_log import PostgresRequestLog, RequestLogError, open_request_log, redact
+
+    with open_request_log(f"sqlite:///{tmp_path / 'a.db'}") as rl:
+        assert isinstance(rl, RequestLog) and rl.counts() == {"requests": 0, "sentences": 0}
+    with pytest.raises(RequestLogError, match="no request log"):
+        open_request_log(tmp_path / "none.db", read_only=True)
+    assert not (tmp_path / "none.db").exists()
+    assert redact("postgresql://serving:s3cret@db:5432/serving") == "postgresql://serving:***@db:5432/serving"
+    with pytest.raises(RequestLogError) as e:  # nothing listens there: one line, no password
+        PostgresRequestLog(f"postgresql://u:s3cret@127.0.0.1:{tiny.free_port()}/x", connect_timeout_s=2)
+    assert "s3cret" not in str(e.value) and "***" in str(e.value)
