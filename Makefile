@@ -18,7 +18,7 @@ TEST_WORKERS ?= 2
 ## which --no-deps would leave without its CUDA libraries ("libcudnn.so.9: cannot open shared object").
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: help install system-deps run test test-fast test-services ui clean
+.PHONY: help install system-deps run adapt test test-fast test-services ui clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -58,7 +58,13 @@ system-deps:
 run: install
 	$(if $(PARAMS),cp $(PARAMS) params.yaml && python -m aiayn.cli.main check &&) python -m pipelines.pipeline
 
-## Every CPU tier: unit, slow (whole smoke pipelines) and services (a real Prefect server). CI runs this.
+## Adapt the champion to its users' domain (the `adapt` Prefect flow, docs/operations.md): when the trigger fires
+## (adapt.trigger; FORCE=1 adapts anyway), train from the champion on the reviewed corpus, then the two-sided
+## promotion gate decides. PARAMS=...: that config is copied over params.yaml first, as for `make run`.
+adapt: install
+	$(if $(PARAMS),cp $(PARAMS) params.yaml && python -m aiayn.cli.main check &&) python -m pipelines.adapt_flow$(if $(FORCE), --force)
+
+## Every CPU tier: unit, slow (whole smoke pipelines), faults (kill -9 in every stage) and services (a real Prefect server). CI runs this.
 ## Two processes (tests/conftest.py groups them: a module per process, the services tier together);
 ## the summary ends with each tier's time and the host's 2-thread matmul GFLOP/s.
 test: install system-deps

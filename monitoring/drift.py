@@ -30,7 +30,8 @@ Verdict (``summary["verdict"]``):
 
 ``run_check`` is what ``aiayn monitor`` and the Prefect flow call: it reads the window (a text
 file, or the last ``monitor.window_size`` sentences of the serving log), checks it, writes
-``report.html`` (descriptors), ``embeddings.html`` and ``summary.json`` into a fresh folder under
+``report.html`` (descriptors), ``embeddings.html``, ``outputs.html`` (the answers' signals:
+``monitoring.output_check``) and ``summary.json`` into a fresh folder under
 ``artifacts/drift/`` (atomically), logs them to MLflow, and returns the summary with an exit code:
 0 no drift, 1 drift, 2 the check could not run (``insufficient_data`` included).
 
@@ -414,10 +415,14 @@ def _open_translator(layout: Layout, ref: Reference):
         raise DriftCheckError(f"cannot load the model in {layout.model}: {e}") from None
 
 
-def _outputs(params: Params, layout: Layout, sentences: list[str], signals: list | None) -> dict[str, Any]:
+def _outputs(params: Params, layout: Layout, sentences: list[str],
+             signals: list | None) -> tuple[dict[str, Any], Callable[[], Any] | None]:
     """The output check of the window (``monitoring.output_check``): the logged answers' signals, or
-    for a window without them (a text file, a log from before schema 2) the serving bundle's answers."""
-    from monitoring.output_check import answer_signals, load_output_reference, output_section, served_translator
+    for a window without them (a text file, a log from before schema 2) the serving bundle's answers.
+    Returns ``(section, render)``: ``render()`` builds ``outputs.html``'s Evidently snapshot (None when the
+    window was not judged) and raises ``DriftCheckError`` when its tests disagree with the section's alarms."""
+    from monitoring.output_check import (answer_signals, load_output_reference, output_report, output_section,
+                                         served_translator)
     from monitoring.reference import reference_dir
 
     reference = load_output_reference(reference_dir(layout))
@@ -425,7 +430,18 @@ def _outputs(params: Params, layout: Layout, sentences: list[str], signals: list
         if len(sentences) >= params.monitor.min_window:
             translator, options, _ = served_translator(params, layout)
             signals = answer_signals(translator, options, sentences, reference["tgt_lang"])[1]
-    return output_section(reference, signals, params.monitor)
+    section = output_section(reference, signals, params.monitor)
+    if section["verdict"] not in ("ok", "alarm"):
+        return section, None
+
+    def render() -> Any:
+        snapshot, failed = output_report(reference, signals, section)
+        if failed != sorted(section["alarms"]):
+            raise DriftCheckError(f"Evidently's output tests failed for {failed}, the binomial tests alarmed for "
+                                  f"{sorted(section['alarms'])}: cannot decide")
+        return snapshot
+
+    return section, render
 
 
 def run_check(params: Params, layout: Layout, *, input_path: str | Path | None = None,
@@ -437,8 +453,9 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
     ``monitor.window_size`` sentences of the serving log: ``log_url`` (a PostgreSQL URL), else
     ``AIAYN_REQUEST_LOG_URL`` (``aiayn.config.settings``), else ``monitor.log_path`` (relative to the
     project root).
-    The folder (default ``artifacts/drift/<UTC time>``) gets ``summary.json`` always and
-    ``report.html``/``embeddings.html`` when the tests ran. Raises ``DriftCheckError`` (exit 2).
+    The folder (default ``artifacts/drift/<UTC time>``) gets ``summary.json`` always,
+    ``report.html``/``embeddings.html`` when the tests ran and ``outputs.html`` when the answers were judged
+    (``monitoring.output_check.output_report``). Raises ``DriftCheckError`` (exit 2).
     """
     from aiayn.io import atomic_dir, atomic_write_json
 
@@ -466,7 +483,7 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
     result = check(sentences, ref, cfg, translator)
     summary = result.summary
     summary["window"].update(source)
-    summary["outputs"] = _outputs(params, layout, sentences, signals)
+    summary["outputs"], render_outputs = _outputs(params, layout, sentences, signals)
     summary["checked_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     summary["monitor_params"] = cfg.model_dump(mode="json")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
@@ -476,6 +493,8 @@ def run_check(params: Params, layout: Layout, *, input_path: str | Path | None =
             result.descriptor_snapshot.save_html(str(tmp / "report.html"))
         if (embedding_snapshot := result.embedding_snapshot()) is not None:
             embedding_snapshot.save_html(str(tmp / "embeddings.html"))
+        if render_outputs is not None:
+            render_outputs().save_html(str(tmp / "outputs.html"))
         atomic_write_json(tmp / "summary.json", summary)
     moved = f"drifted: {', '.join(summary['drifted']) or 'none'}" if summary["descriptors"] else "no test ran"
     log.info("drift check: %s (%d sentences; %s); reports in %s", summary["verdict"],

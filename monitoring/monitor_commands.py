@@ -36,7 +36,7 @@ def monitor(
     """Check production inputs for drift against the training reference (Evidently).
 
     Prints the verdict and one line per test (``--json``: the whole summary); reports
-    (report.html, embeddings.html, summary.json) go to the report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
+    (report.html, embeddings.html, outputs.html, summary.json) go to the report folder. Exit status: 0 no drift, 1 drift, 2 the check could not run (no or empty
     window, fewer sentences than monitor.min_window, missing reference, unreadable log).
     """
     setup_logging()

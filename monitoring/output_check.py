@@ -17,6 +17,11 @@ repetition, copying, output language, unknown input), per sentence.
   otherwise, ``insufficient_data`` below ``monitor.min_window`` answered sentences,
   ``no_reference`` when the reference predates output signals (rebuild it: ``dvc repro
   monitor_reference``). Only ``alarm`` changes the exit code (``monitoring.drift.summary_exit_code``).
+- **Report** (``output_report``, ``outputs.html`` beside the drift check's ``report.html`` when the window
+  was judged): Evidently's ``ValueStats`` of every signal, window against the reference's answers, and per
+  calibrated signal the count of flagged answers (``SumValue`` of a 0/1 column ``flagged_<signal>``) tested
+  against the largest count the binomial test lets pass (``alarm_count``): Evidently's test fails exactly
+  when the signal alarms, and the check refuses a report that disagrees with its verdict.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from aiayn.quality.calibration import calibrate, flags, window_test
 from aiayn.quality.signals import SIGNALS, LanguageScorer, line_signals
 from aiayn.stages import Layout
 
-__all__ = ["OUTPUT_REFERENCE", "OUTPUT_VERDICTS", "answer_signals", "build_output_reference", "load_output_reference",
-           "output_section", "served_translator"]
+__all__ = ["OUTPUT_REFERENCE", "OUTPUT_VERDICTS", "alarm_count", "answer_signals", "build_output_reference",
+           "load_output_reference", "output_report", "output_section", "served_translator"]
 
 log = logging.getLogger("aiayn.monitor")
 
@@ -128,3 +133,59 @@ def output_section(reference: dict[str, Any] | None, signals: Sequence[dict | No
     alarms = [name for name, t in tests.items() if t["alarm"]]
     section.update(verdict="alarm" if alarms else "ok", signals=tests, alarms=alarms)
     return section
+
+
+def alarm_count(n: int, t: dict[str, Any], level: float) -> int | None:
+    """The fewest flagged answers out of ``n`` that alarm a signal calibrated as ``t`` at the per-signal
+    ``level`` (``window_test``: ``P(X >= k | n, in_domain_rate(t)) < level``); ``None`` when no count can."""
+    import numpy as np
+    from scipy.stats import binom
+
+    from aiayn.quality.calibration import in_domain_rate
+
+    k = np.arange(n + 1)
+    hit = np.nonzero(binom.sf(k - 1, n, in_domain_rate(t)) < level)[0] if n else np.array([], dtype=int)
+    return int(hit[0]) if hit.size else None
+
+
+def _frame(rows: Sequence[dict | None], thresholds: dict[str, Any]):
+    """One row per answered sentence: every signal (NaN where it has no value) and ``flagged_<signal>`` 0/1."""
+    import pandas as pd
+
+    answered = [r for r in rows if r is not None]
+    columns = {name: [r.get(name) for r in answered] for name in SIGNALS}
+    judged = [flags(r, thresholds) for r in answered]
+    columns |= {f"flagged_{name}": [int(j[name]) for j in judged] for name in thresholds}
+    return pd.DataFrame(columns, dtype="float64")
+
+
+def output_report(reference: dict[str, Any], signals: Sequence[dict | None], section: dict[str, Any]):
+    """Evidently's report of a judged window (module doc): ``(snapshot, failed)``, ``failed`` the signals whose
+    count test failed (the section's ``alarms``, when Evidently agrees with ``window_test``)."""
+    import os
+
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # Evidently's telemetry
+    import evidently as ev
+    from evidently.metrics import SumValue
+    from evidently.presets import ValueStats
+    from evidently.tests import lte
+
+    thresholds = reference["thresholds"]
+    ref_rows = [dict(zip(SIGNALS, values)) for values in zip(*(reference["values"][n] for n in SIGNALS))]
+    cur, ref = _frame(signals, thresholds), _frame([r if any(v is not None for v in r.values()) else None
+                                                    for r in ref_rows], thresholds)
+    level = section["alpha"] / len(thresholds)
+    counts = []
+    for name in thresholds:
+        k = alarm_count(section["answered"], thresholds[name], level)
+        counts.append(SumValue(column=f"flagged_{name}", tests=[lte(section["answered"] if k is None else k - 1)]))
+    stats = [ValueStats(column=name) for name in SIGNALS if cur[name].notna().any() and ref[name].notna().any()]
+    definition = ev.DataDefinition(numerical_columns=list(cur.columns))
+    snapshot = ev.Report(stats + counts, include_tests=False).run(
+        current_data=ev.Dataset.from_pandas(cur, data_definition=definition),
+        reference_data=ev.Dataset.from_pandas(ref, data_definition=definition))
+    d = snapshot.dict()
+    column = {m["id"]: m["config"].get("column") for m in d["metrics"]}
+    failed = sorted(column[t["metric_config"]["metric_id"]].removeprefix("flagged_") for t in d["tests"]
+                    if t["status"] == "FAIL")
+    return snapshot, failed

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.config.schema import Params
+from aiayn.faults import fault_point
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.stages import Layout
@@ -125,6 +126,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         # ONE metadata key: safetensors writes several in a random (hash map) order, and the file's
         # bytes would change from run to run (dvc.lock with them)
         save_file(tensors, str(tmp / "reference.safetensors"), metadata={"format": "aiayn-drift-reference/1"})
+        fault_point("monitor_reference.tensors_written")
         atomic_write_json(tmp / "reference.json", meta)
         atomic_write_json(tmp / OUTPUT_REFERENCE, outputs)
     seconds = time.perf_counter() - t0

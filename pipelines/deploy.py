@@ -7,7 +7,9 @@ worker's working directory; its other parameters are the spec's. A new scheduled
 job is one more entry. Today: ``pipeline/nightly`` (retrain, 02:00 UTC) and
 ``drift-check/hourly`` (the drift monitor on the latest window of the serving log, at minute
 0 of every hour, UTC; one run at a time, and a run that comes due while one is still running
-is cancelled rather than queued, so a worker outage never leaves a pile of late checks).
+is cancelled rather than queued, so a worker outage never leaves a pile of late checks), and
+``adapt/daily`` (04:00 UTC, after the nightly retrain: adapts the champion to the reviewed corpus when
+the drift checks or the reviews call for it, then gates; one run at a time, a new one cancelled meanwhile).
 
 Usage (``PREFECT_API_URL`` names the server)::
 
@@ -117,6 +119,17 @@ DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
         concurrency_limit=1,
         collision_strategy="CANCEL_NEW",
         description="Drift of the latest served inputs against the training reference (Evidently); Failed on drift",
+    ),
+    DeploymentSpec(
+        name="daily",
+        flow="pipelines.adapt_flow:adapt",
+        cron="0 4 * * *",
+        timezone="UTC",
+        parameters={"push": True},
+        concurrency_limit=1,
+        collision_strategy="CANCEL_NEW",
+        description="Adapt the champion to the reviewed corpus when N drift checks in a row drifted or K new "
+                    "reviewed pairs came in; the two-sided promotion gate decides",
     ),
 )
 

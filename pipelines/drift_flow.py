@@ -68,7 +68,7 @@ def render_markdown(summary: dict[str, Any], report_dir: str | None) -> str:
             lines.append(f"| {name} | {t['flagged']}/{t['n']} | {t['share']:.3f} | {t['expected']:.3f} | "
                          f"{t['p_value']:.3g} | {'**yes**' if t['alarm'] else 'no'} |")
     if report_dir:
-        lines += ["", f"Reports: `{report_dir}` (report.html, embeddings.html, summary.json)."]
+        lines += ["", f"Reports: `{report_dir}` (report.html, embeddings.html, outputs.html, summary.json)."]
     return "\n".join(lines) + "\n"
 
 

@@ -14,8 +14,10 @@ transfers), with exponential back-off and only for transient errors
 evaluate) are never retried: a failure there is a bug or bad input, and
 re-running a 45-minute training would only repeat it. MLflow calls happen in
 the MLflow recorder each stage is handed (``aiayn.tracking.MlflowRecorder``), which
-bounds its own HTTP retries and never fails a stage (it disables itself with one
-warning), so a Prefect retry around them would have nothing to catch.
+bounds its own HTTP retries; its runs are required, so a store that cannot be reached
+fails the stage in one line (``TrackingLostError``: before the work when it is down at
+the start, after the outputs are written when it is lost mid-run), never a run
+silently missing from MLflow.
 
 Partial outputs: every stage writes atomically (``aiayn.io``: files renamed
 into place, directories swapped in whole), so a failed stage leaves no output
@@ -183,17 +185,18 @@ def run_stage(stage: str, params: Params, layout: Layout) -> dict | State:
     flow tracebacks of an error that is not the code's (an interrupted stage returns ``Cancelled`` the same way);
     a bug still raises, with its traceback."""
     from aiayn.config.settings import Settings
-    from aiayn.tracking import MlflowRecorder
+    from aiayn.tracking import MlflowRecorder, TrackingLostError
 
     module = importlib.import_module(stage_module(stage))
-    recorder = MlflowRecorder(layout.root, settings=Settings.from_env(), params=params.model_dump(mode="json"))
+    recorder = MlflowRecorder(layout.root, settings=Settings.from_env(), params=params.model_dump(mode="json"),
+                              required=True)
     try:
         with stage_logs_to_prefect():
             summary = module.run(params, layout, recorder=recorder)
     except InterruptedError as e:  # Ctrl-C/SIGTERM: the stage saved its state; its one line is the final state's
         return Cancelled(message=str(e))
-    except INPUT_ERRORS as e:  # bad input (a corpus, a value, params): its one line, as `aiayn <stage>` says it,
-        return Failed(message=f"{type(e).__name__}: {e}")  # which Prefect logs as the task run's final state
+    except (*INPUT_ERRORS, TrackingLostError) as e:  # bad input (a corpus, a value, params), a store lost: its one
+        return Failed(message=f"{type(e).__name__}: {e}")  # line, as `aiayn <stage>` says it (the task run's final state)
     get_run_logger().info("%s summary: %s", stage, summary)
     return summary
 

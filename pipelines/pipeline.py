@@ -5,8 +5,9 @@ One run of this flow is one pipeline run:
 1. **Tracking**: opens an MLflow record through ``aiayn.tracking.Tracker``
    (child run ``orchestrate`` under a fresh parent run) and exports the parent's id as
    ``AIAYN_PARENT_RUN_ID``, so every stage's run nests under the same parent. The
-   parent ends with this flow (``FAILED`` if it fails). Tracking never stops the
-   pipeline: when MLflow is unreachable the tracker disables itself (one warning).
+   parent ends with this flow (``FAILED`` if it fails). This flow's own run never stops
+   the pipeline (an unreachable MLflow disables it, one warning), but the stages' runs are
+   required: a stage whose store cannot be reached fails in one line (``TrackingLostError``).
 0. **Check**: ``aiayn.config.checks.load_checked`` reports every problem of ``params.yaml`` at once
    (``aiayn check``) and fails the run before anything else happens.
 2. **Fetch** (``io_task``, retried on transient I/O errors; Multi30k configs only: other corpus sources

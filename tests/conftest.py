@@ -57,7 +57,7 @@ BIN = Path(sys.executable).parent
 #: Process groups under xdist: modules that share one session fixture, or must not run beside each
 #: other, run in one process, one after the other.
 SHARED_GROUPS = {"test_dvc_pipeline": "smoke-pipeline", "test_pipelines": "smoke-pipeline",
-                 "test_hf_marian": "smoke-pipeline",
+                 "test_hf_marian": "smoke-pipeline", "test_fault_campaign": "smoke-pipeline",
                  "test_real_services": "services", "test_prefect_services": "services",
                  "test_serving_services": "services"}
 #: Groups to queue first (longest first, seconds on a 2-core host): the two processes then end together.
@@ -175,7 +175,8 @@ def smoke_pipeline(tmp_path_factory, prefect_harness, multi30k_mirror) -> dict:
 
 def _tier(report) -> str:
     keywords = getattr(report, "keywords", {})
-    return "services" if "services" in keywords else "slow" if "slow" in keywords else "unit"
+    return ("services" if "services" in keywords else "faults" if "faults" in keywords
+            else "slow" if "slow" in keywords else "unit")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -198,7 +199,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     from aiayn.host import host_info
 
     terminalreporter.section("time per tier")
-    for tier in ("unit", "slow", "services"):
+    for tier in ("unit", "slow", "faults", "services"):
         if tier in seconds:
             terminalreporter.write_line(f"{tier:9s} {len(tests[tier]):4d} tests {failed.get(tier, 0):3d} failed "
                                         f"{seconds[tier]:8.1f} s summed")

@@ -375,6 +375,14 @@ def test_empty_line_in_a_test_split_is_fatal_and_named(tmp_path):
         _run(_params({"kind": "moses", "path": str(tmp_path / "c")}), tmp_path / "proj")
 
 
+@pytest.mark.parametrize("reference", ["@@", "ein @@ Hund", "\u2581ein \u2581Hund"])
+def test_a_subword_marker_in_a_reference_is_refused_at_prepare_not_at_the_first_validation(tmp_path, reference):
+    """The scorer refuses such a reference; prepare names it first, before any training."""
+    _tsv(tmp_path / "c", {"train": TRAIN, "val": VAL[:2] + [(VAL[2][0], reference)] + VAL[3:], "test": TEST})
+    with pytest.raises(CorpusError, match=re.escape(f"{tmp_path / 'c' / 'val.tsv'}:3: the reference contains a subword")):
+        _run(_params({"kind": "tsv", "path": str(tmp_path / "c")}), tmp_path / "proj")
+
+
 @pytest.mark.parametrize("fmt", ["jsonl-null", "jsonl-empty", "tsv"])
 def test_an_empty_side_in_a_test_split_is_named_in_its_format_words(tmp_path, fmt):
     """A JSONL null or a TSV empty column is not an "empty line": name the field."""

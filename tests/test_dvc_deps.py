@@ -31,6 +31,8 @@ CANNOT_CHANGE_AN_OUTPUT = {
     "aiayn/retry.py": "which download errors are retried; a retried download is verified by SHA-256",
     "aiayn/stages/__init__.py": "Layout (where files go); the outs themselves are listed in dvc.yaml",
     "aiayn/progress.py": "the progress bar and ETA log lines a stage shows: the terminal and the log, never a file",
+    "aiayn/faults.py": "the fault campaign's kill points: inert unless AIAYN_FAULT_POINT arms one (tests); a point "
+                       "kills the process, it never changes a byte written",
     "monitoring/__init__.py": "package marker (a docstring)",
     **{f"aiayn/{pkg}/__init__.py": "package marker (a docstring; test_docstring_only_packages)"
        for pkg in ("config", "data", "evaluation", "inference", "export", "serving", "cli")},

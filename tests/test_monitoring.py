@@ -16,7 +16,6 @@ from safetensors.numpy import load_file
 from support import tiny
 from aiayn.config.schema import MonitorConfig, Params
 from aiayn.io import sha256_file
-from aiayn.tokenizer import EncodedSplit, save_encoded
 from aiayn.inference.translator import Translator
 from monitoring.descriptors import DESCRIPTORS, Pca, describe, source_side_table
 from monitoring.drift import (
@@ -39,24 +38,12 @@ CFG = MonitorConfig(embedding_dims=8, window_size=40, min_window=10, embedding_s
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A project with prepared splits, a tokenized train split, a model and its drift reference."""
-    root = tmp_path_factory.mktemp("monitor")
-    (root / "tok").mkdir()
-    tok = tiny.tokenizer(root / "tok")
-    layout = tiny.project(root / "project", tok)
-    en = (layout.prepared / "train.en").read_text().splitlines()
-    de = (layout.prepared / "train.de").read_text().splitlines()
-    # a bigger training side than tiny.project's 64 pairs: the tests sample windows from its distribution
-    more_en, more_de = tiny.corpus(600, 21)
-    (layout.prepared / "train.en").write_text("\n".join(en + more_en) + "\n")
-    (layout.prepared / "train.de").write_text("\n".join(de + more_de) + "\n")
-    layout.tokenized.mkdir(parents=True)
-    save_encoded(layout.tokenized, "train", EncodedSplit.from_lists(tok.encode(en + more_en), tok.encode(de + more_de)))
-    (layout.tokenized / "spm.model").write_bytes((layout.model / "spm.model").read_bytes())
-    params = Params(monitor=CFG)
-    summary = build_reference(params, layout)
-    return {"layout": layout, "tok": tok, "params": params, "summary": summary,
-            "translator": Translator.from_dir(layout.model, device="cpu"), "ref": load_reference(reference_dir(layout))}
+    """A project with prepared splits, a tokenized train split, a model and its drift reference; a bigger training
+    side than tiny.project's 64 pairs: the tests sample windows from its distribution."""
+    world = tiny.monitored_project(tmp_path_factory.mktemp("monitor"), CFG, more_train=600)
+    layout = world["layout"]
+    return world | {"translator": Translator.from_dir(layout.model, device="cpu"),
+                    "ref": load_reference(reference_dir(layout))}
 
 
 # --------------------------------------------------------------------------- descriptors

@@ -8,35 +8,22 @@ import json
 import pytest
 from support import tiny
 
-from aiayn.config.schema import MonitorConfig, Params
+from aiayn.config.schema import MonitorConfig
+from aiayn.quality.calibration import window_test
 from aiayn.quality.signals import SIGNALS
 from aiayn.serving.request_log import SqliteRequestLog
-from aiayn.tokenizer import EncodedSplit, save_encoded
 from monitoring.drift import EXIT_DRIFT, exit_code, run_check, summary_exit_code
 from monitoring.output_check import OUTPUT_REFERENCE, load_output_reference
 from monitoring.reference import reference_dir
-from monitoring.reference import run as build_reference
 
 CFG = MonitorConfig(embedding_dims=8, window_size=60, min_window=10, embedding_sample=100, embedding_method=None)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("outputs")
-    (root / "tok").mkdir()
-    tok = tiny.tokenizer(root / "tok")
-    layout = tiny.project(root / "project", tok)
-    en = (layout.prepared / "train.en").read_text().splitlines()
-    de = (layout.prepared / "train.de").read_text().splitlines()
-    val_en, val_de = tiny.corpus(300, 31)  # a validation split big enough to calibrate on
-    (layout.prepared / "val.en").write_text("\n".join(val_en) + "\n")
-    (layout.prepared / "val.de").write_text("\n".join(val_de) + "\n")
-    layout.tokenized.mkdir(parents=True)
-    save_encoded(layout.tokenized, "train", EncodedSplit.from_lists(tok.encode(en), tok.encode(de)))
-    (layout.tokenized / "spm.model").write_bytes((layout.model / "spm.model").read_bytes())
-    params = Params(monitor=CFG)
-    build_reference(params, layout)
-    return {"layout": layout, "params": params, "reference": load_output_reference(reference_dir(layout))}
+    # a validation split big enough to calibrate on
+    world = tiny.monitored_project(tmp_path_factory.mktemp("outputs"), CFG, val=300)
+    return world | {"reference": load_output_reference(reference_dir(world["layout"]))}
 
 
 def test_the_reference_holds_calibrated_thresholds_for_every_signal(world):
@@ -65,8 +52,9 @@ def test_in_domain_answers_pass_and_copied_english_answers_alarm(world, tmp_path
     ref, layout = world["reference"], world["layout"]
     params = world["params"].model_copy(update={"monitor": CFG.model_copy(update={"log_path": str(tmp_path / "a.db")})})
     _log(tmp_path / "a.db", [_in_domain(ref, i) for i in range(60)])
-    summary, _ = run_check(params, layout, out_dir=tmp_path / "ok", track=False)
+    summary, folder = run_check(params, layout, out_dir=tmp_path / "ok", track=False)
     assert summary["outputs"]["verdict"] == "ok" and summary["outputs"]["answered"] == 60
+    assert (folder / "outputs.html").stat().st_size > 10_000  # Evidently's report of the answers' signals
     assert summary_exit_code(summary) == exit_code(summary["verdict"])  # the answers change nothing here
 
     broken = [_in_domain(ref, i) for i in range(60)]
@@ -79,6 +67,29 @@ def test_in_domain_answers_pass_and_copied_english_answers_alarm(world, tmp_path
     assert out["verdict"] == "alarm" and {"copy_rate", "target_language_prob"} <= set(out["alarms"])
     assert summary_exit_code(summary) == EXIT_DRIFT
     assert json.loads((folder / "summary.json").read_text())["outputs"]["verdict"] == "alarm"
+    assert (folder / "outputs.html").is_file()
+
+
+def test_the_report_s_count_tests_fail_exactly_for_the_signals_that_alarm(world):
+    """outputs.html's tests: per signal, flagged answers <= the most the binomial test lets pass, so Evidently's
+    verdict is the window test's, signal by signal."""
+    from monitoring.output_check import alarm_count, output_report, output_section
+
+    ref = world["reference"]
+    rows = [_in_domain(ref, i) for i in range(60)]
+    for row in rows[:20]:
+        row.update(copy_rate=1.0)
+    section = output_section(ref, rows, CFG)
+    assert section["alarms"] == ["copy_rate"]
+    snapshot, failed = output_report(ref, rows, section)
+    assert failed == ["copy_rate"] and snapshot.dict()["tests"]
+    level = CFG.output_alpha / len(ref["thresholds"])
+    k = alarm_count(60, ref["thresholds"]["copy_rate"], level)
+    assert 0 < k <= 20
+    for flagged, alarm in ((k - 1, False), (k, True)):  # the count the test is drawn at is the alarm's edge
+        t = window_test([{"copy_rate": i < flagged} for i in range(60)], {"copy_rate": ref["thresholds"]["copy_rate"]},
+                        alpha=level)
+        assert t["copy_rate"]["alarm"] is alarm
 
 
 def test_a_window_too_small_or_without_a_reference_says_so(world, tmp_path):

@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from aiayn.faults import fault_point
 from aiayn.io import atomic_path, atomic_write_json, sha256_file
 
 __all__ = [
@@ -162,6 +163,8 @@ def save_checkpoint(directory: str | Path, state: TrainState) -> Path:
     tensor_path = directory / f"{stem}.safetensors"
     with atomic_path(tensor_path) as tmp:
         save_file(tensors, str(tmp))
+        fault_point("checkpoint.tensors_unrenamed")
+    fault_point("checkpoint.tensors_written")
     meta = {
         "format": "aiayn-checkpoint-v1",
         "step": state.step,

@@ -147,7 +147,10 @@ class StageRun(Protocol):
 
 
 class Recorder(Protocol):
-    """What a stage is handed: it opens the stage's run."""
+    """What a stage is handed: it opens the stage's run. A recorder that can read the model registry also has
+    ``resolve_registered_model(uri, cache_root) -> dict`` (``aiayn.tracking.MlflowRecorder``): how the tokenize and
+    train stages resolve ``train.init_from: models:/...`` (``aiayn.init_from.Resolver``); the ``NullRecorder`` has
+    none, so a stage it is handed continues model folders only."""
 
     def start(self, record: StageRecord) -> contextlib.AbstractContextManager[StageRun]:
         """A context manager around the stage's work, yielding its ``StageRun``. The run ends with

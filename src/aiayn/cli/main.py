@@ -1,4 +1,4 @@
-"""``aiayn <verb>``: one command per pipeline stage, plus ``check``, ``fetch``, ``monitor``, ``translate``, ``serve``, ``export-hf`` and ``presets``.
+"""``aiayn <verb>``: one command per pipeline stage, plus ``check``, ``fetch``, ``monitor``, ``translate``, ``serve``, ``registry``, ``export-hf`` and ``presets``.
 
 Every stage verb calls the same ``run`` of the stage's module that ``dvc.yaml`` (through the Prefect
 flows in ``pipelines/``) runs, with the MLflow recorder. The drift monitor's verbs come from the
@@ -17,7 +17,10 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
+from aiayn.cli.registry_commands import registry as registry_commands
 from aiayn.cli.stage_commands import COMMANDS_GROUP, ParamsOpt, RootOpt, setup_logging, stage_command, under_root
+from aiayn.cli.translate_output import SIGNAL_FIELDS
+from aiayn.cli.translate_output import answers as _answers
 from aiayn.exitcodes import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 from aiayn.stages import Layout
 
@@ -73,6 +76,7 @@ def _project_commands() -> None:
 
 
 _project_commands()
+app.add_typer(registry_commands, name="registry")  # `aiayn registry history|rollback`
 
 
 @app.command()
@@ -204,6 +208,9 @@ def translate(
         min=16, help="Source tokens per batch. [default: evaluate.max_tokens]")] = None,
     nbest: Annotated[int, typer.Option("--nbest", min=1, help="Write the N best translations of each line (at most --beam-size), each as `LINE<TAB>translation` (LINE: 0-based input line).")] = 1,
     scores: Annotated[bool, typer.Option("--scores", help="Put each translation's score (length-normalised log-probability) and a tab before it.")] = False,
+    signals: Annotated[bool, typer.Option("--signals", help="Implies --scores; between the score and the translation, the answer's "
+                                          "output signals as 7 tab-separated fields: " + ", ".join(SIGNAL_FIELDS) + " "
+                                          "(docs/monitoring.md; empty for a blank line).")] = False,
     interactive: Annotated[bool, typer.Option("--interactive", help="Translate each line as soon as it is read (the default when standard input is a terminal).")] = False,
     long: Annotated[Literal["error", "truncate", "split"], typer.Option(
         "--long", help="A line longer than the model accepts: split it at sentence/clause/word boundaries, "
@@ -230,10 +237,12 @@ def translate(
     try:
         with contextlib.ExitStack() as stack:
             translator, options = _open_translator(model_dir, bundle, checkpoint, device, overrides, nbest, params)
-            write = _line_writer(nbest, scores)
+            decode = _answers(translator, options, nbest=nbest, scores=scores,
+                              signals=_signal_scorer(bundle, params) if signals else None)
+            write = _line_writer(nbest, scores or signals, signals)
             if interactive:
                 out = _Output(output, stack)
-                _translate_interactive(translator, options, out, write, nbest=nbest, long=long, errors=encoding_errors)
+                _translate_interactive(translator, options, out, write, decode, long=long, errors=encoding_errors)
                 return
             try:
                 if input is None or str(input) == "-":
@@ -247,12 +256,7 @@ def translate(
                 out = _Output(output, stack)
             except (OSError, ValueError) as e:
                 _fail(e)
-            if nbest == 1 and not scores:  # the plain path: exactly the evaluate stage's outputs
-                chunks = translator.translate_prepared(prepared, options, chunk_tokens=options.max_tokens)
-            else:
-                chunks = translator.translate_prepared_nbest(prepared, options, n_best=nbest,
-                                                             chunk_tokens=options.max_tokens)
-            _write_chunks(chunks, out, write, len(lines), stack)
+            _write_chunks(decode(prepared, options.max_tokens), out, write, len(lines), stack)
     except KeyboardInterrupt:
         if output is None:
             done = f"{out.written if out else 0} line(s) written to stdout"
@@ -346,14 +350,32 @@ def _open_translator(model_dir: Path, bundle: Optional[Path], checkpoint: Option
     return translator, options
 
 
-def _line_writer(nbest: int, scores: bool):
-    """How one input line's ``ScoredLine`` list (or plain text) becomes output lines (``--nbest``, ``--scores``)."""
+def _signal_scorer(bundle: Optional[Path], params: Optional[Path]):
+    """``(LanguageScorer, target language)`` for ``--signals`` (``aiayn.cli.translate_output.target_lang``); a params
+    file that does not load: ``_fail``."""
+    from aiayn.cli.translate_output import target_lang
+    from aiayn.config.schema import ConfigError
+    from aiayn.quality.signals import LanguageScorer
+
+    try:
+        lang = target_lang(bundle, lambda: _params_or_defaults(params).data.tgt_lang)
+    except (ConfigError, OSError, ValueError) as e:
+        _fail(e)
+    return LanguageScorer(), lang
+
+
+def _line_writer(nbest: int, scores: bool, signals: bool = False):
+    """How one input line's ``ScoredLine`` list (or plain text) becomes output lines (``--nbest``, ``--scores``,
+    ``--signals``: ``aiayn.cli.translate_output.Signed`` answers)."""
+    from aiayn.cli.translate_output import signal_fields
 
     def lines(index: int, hyps) -> list[str]:
         if isinstance(hyps, str):
             return [hyps]
         head = f"{index}\t" if nbest > 1 else ""
-        return [f"{head}{h.score:.6f}\t{h.text}" if scores else f"{head}{h.text}" for h in hyps]
+        if not scores:
+            return [f"{head}{h.text}" for h in hyps]
+        return [f"{head}{h.score:.6f}\t{signal_fields(h) if signals else ''}{h.text}" for h in hyps]
 
     return lines
 
@@ -374,7 +396,7 @@ def _write_chunks(chunks, out: "_Output", write, total: int, stack: contextlib.E
             bar.advance(task, len(chunk))
 
 
-def _translate_interactive(translator, options, out: "_Output", write, *, nbest: int, long: str, errors: str) -> None:
+def _translate_interactive(translator, options, out: "_Output", write, decode, *, long: str, errors: str) -> None:
     """Read standard input one line at a time and write each line's translation at once (never waits
     for the end of the input). A line that cannot be translated (bad bytes, too long under
     ``--long error``) gets an empty output line and one error line on stderr; the session goes on."""
@@ -387,7 +409,7 @@ def _translate_interactive(translator, options, out: "_Output", write, *, nbest:
         try:
             lines = read_input(raw, errors=errors, source=f"<stdin line {index + 1}>") or [""]
             prepared = translator.prepare(lines, options, long=long)
-            hyps = next(translator.translate_prepared_nbest(prepared, options, n_best=nbest))[0]
+            hyps = next(decode(prepared))[0]
         except (InputError, ValueError) as e:
             typer.echo(f"aiayn translate: line {index + 1}: error: {' '.join(str(e).split())}", err=True)
             hyps = [ScoredLine("", 0.0)]
@@ -433,6 +455,7 @@ def serve(
     retention_days: Annotated[float, typer.Option(help="Delete logged requests older than this (days).")] = 30.0,
     prune_every_s: Annotated[Optional[float], typer.Option(help="How often retention runs (seconds; default a tenth of --retention-days, 1 s to 1 h).")] = None,
     scores: Annotated[bool, typer.Option("--scores/--no-scores", help="A score per translation in every answer (CTranslate2 bundles: one more teacher-forced pass, ~1.2x decode time; n_best answers are always scored).")] = True,
+    output_reference: Annotated[Optional[Path], typer.Option(help="The drift monitor's output reference whose thresholds count flagged answers in /metrics (default: artifacts/monitor_reference/output_reference.json when it exists; a reference calibrated on another model is not used).")] = None,
 ) -> None:
     """Serve translations over HTTP (POST /translate) with micro-batching and a durable request log."""
     setup_logging()
@@ -455,7 +478,8 @@ def serve(
                       threads=threads, max_sentences=max_sentences, max_body_bytes=max_body_bytes,
                       max_request_tokens=max_request_tokens, body_timeout_s=body_timeout_s, drain_s=drain_s,
                       poll_s=poll_s, log_path=log_path, log_url=log_url or Settings.from_env().request_log_url,
-                      retention_days=retention_days, prune_every_s=prune_every_s, scores=scores)
+                      retention_days=retention_days, prune_every_s=prune_every_s, scores=scores,
+                      output_reference=output_reference)
     try:
         run_service(cfg, sock)
     except Exception as e:  # noqa: BLE001 - start-up failures (registry unreachable, bad bundle): one line

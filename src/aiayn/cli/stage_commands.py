@@ -87,16 +87,18 @@ def run_stage(module: str, params_path: Path, root: Path) -> dict:
 
     params = load_checked(under_root(params_path, root), root)  # every problem (`aiayn check`), before the stage runs
     stage = importlib.import_module(module)
-    recorder = MlflowRecorder(root, settings=Settings.from_env(), params=params.model_dump(mode="json"))
+    recorder = MlflowRecorder(root, settings=Settings.from_env(), params=params.model_dump(mode="json"), required=True)
     return stage.run(params, Layout(root), recorder=recorder)
 
 
 def stage_command(name: str, module: str, doc: str) -> Callable[..., None]:
     """The typer command ``aiayn <name>``: run the stage ``module`` (``run_stage``) and print its summary
     as JSON. Exit status 0; 130 interrupted (the train loop saved a checkpoint, or Ctrl-C elsewhere);
-    2 bad params, a missing input or a bad value (one line on stderr)."""
+    2 bad params, a missing input or a bad value; 1 its MLflow run could not be recorded (one line on stderr)."""
 
     def command(params: ParamsOpt = Path("params.yaml"), root: RootOpt = Path(".")) -> None:
+        from aiayn.tracking.runs import TrackingLostError
+
         try:
             summary = run_stage(module, params, root)
         except InterruptedError as e:  # the train loop caught SIGINT/SIGTERM and wrote a checkpoint
@@ -108,6 +110,9 @@ def stage_command(name: str, module: str, doc: str) -> Callable[..., None]:
         except INPUT_ERRORS as e:
             typer.echo(f"aiayn {name}: error: {e}", err=True)
             raise typer.Exit(2) from e
+        except TrackingLostError as e:  # the store unreachable at the start, or lost mid-run
+            typer.echo(f"aiayn {name}: error: {e}", err=True)
+            raise typer.Exit(1) from e
         typer.echo(json.dumps(summary, indent=2, default=str))
 
     command.__doc__ = doc

@@ -78,6 +78,40 @@ def _problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
         out.append(({"quantize"}, f"quantize.serving_preference {list(q.serving_preference)} names no variant of "
                                   f"quantize.variants {list(q.variants)}: the eager model would always ship"))
     out += _dependency_problems(params)
+    out += _init_from_problems(params, root)
+    return out
+
+
+def _init_from_problems(params: Params, root: Path | None) -> list[tuple[set[str], str]]:
+    """``train.init_from``: a parent folder that cannot be loaded, a model block that contradicts the parent's
+    architecture (a folder's ``model.json``; for a registered version, the parent the tokenize stage recorded,
+    since resolving one needs the registry: the tokenize stage checks it then), a replay pair that is missing."""
+    t = params.train
+    if t.init_from is None:
+        return []
+    from aiayn.config.finetune import is_registry_uri
+    from aiayn.init_from import ParentModelError, architecture_problem, open_parent, recorded_parent
+    from aiayn.stages import Layout
+
+    out: list[tuple[set[str], str]] = []
+    parent_model = None
+    if not is_registry_uri(t.init_from) and (root is not None or Path(t.init_from).is_absolute()):
+        folder = Path(t.init_from) if Path(t.init_from).is_absolute() else Path(root or ".") / t.init_from
+        try:
+            parent_model = open_parent(folder, t.init_from, digests=False).model
+        except ParentModelError as e:
+            out.append(({"train"}, str(e)))
+    elif root is not None and (recorded := recorded_parent(Layout(root).tokenized)) and recorded["uri"] == t.init_from:
+        parent_model = recorded["model"]
+    if parent_model is not None and (problem := architecture_problem(params.model, parent_model, t.init_from)):
+        out.append(({"train", "model"}, problem))
+    ft, d = t.finetune, params.data
+    if ft.replay_share > 0 and ft.replay_path and root is not None:
+        prefix = Path(ft.replay_path) if Path(ft.replay_path).is_absolute() else root / ft.replay_path
+        lacking = [f"{ft.replay_path}.{lang}" for lang in (d.src_lang, d.tgt_lang)
+                   if not prefix.with_name(f"{prefix.name}.{lang}").is_file()]
+        if lacking:
+            out.append(({"train", "data"}, f"train.finetune.replay_path: {', '.join(lacking)} not found (under {root})"))
     return out
 
 

@@ -15,6 +15,7 @@ is the CPU default and says where and why it deviates.
     quantize:  QuantizeConfig
     monitor:   MonitorConfig   (drift monitor; read by no training stage)
     export:    ExportConfig    (extra formats the export stage writes)
+    adapt:     AdaptConfig     (the adapt flow's trigger and promotion gate; aiayn.config.adaptation)
 
 Errors: ``ConfigError`` (a ``ValueError``) quoting the bad key or value.
 """
@@ -26,6 +27,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from aiayn.config.adaptation import AdaptConfig
+from aiayn.config.finetune import FinetuneConfig, is_registry_uri, registry_parts
 
 __all__ = [
     "ConfigError",
@@ -418,6 +422,10 @@ class TrainConfig(_Strict):
     valid_bleu: ValidBleuConfig = ValidBleuConfig()
     early_stop: EarlyStopConfig = EarlyStopConfig()
     select: SelectConfig = SelectConfig()
+    init_from: str | None = Field(None, description="Continue training from a parent (None: from scratch): "
+                                  "models:/NAME@ALIAS, models:/NAME/VERSION or a model folder; its weights, "
+                                  "sentencepiece model and architecture are kept (aiayn.config.finetune).")
+    finetune: FinetuneConfig = FinetuneConfig()
 
     @model_validator(mode="after")
     def _check_world(self) -> "TrainConfig":
@@ -427,9 +435,16 @@ class TrainConfig(_Strict):
         if needs_bleu and not self.valid_bleu.enabled:
             raise ValueError("train.early_stop.metric / train.select.metric on validation BLEU need "
                              "train.valid_bleu.enabled: true")
-        if self.lr_decay == "linear" and self.max_steps <= self.warmup_steps:
+        warmup = self.finetune.warmup_steps if self.init_from else self.warmup_steps
+        if self.lr_decay == "linear" and self.max_steps <= warmup:
             raise ValueError(f"train.lr_decay=linear decays to 0 at max_steps: max_steps ({self.max_steps}) must exceed "
-                             f"warmup_steps ({self.warmup_steps})")
+                             f"{'finetune.' if self.init_from else ''}warmup_steps ({warmup})")
+        if self.init_from is not None and is_registry_uri(self.init_from):
+            registry_parts(self.init_from)  # raises naming the forms
+        if self.init_from is not None and not self.init_from.strip():
+            raise ValueError("train.init_from is empty: null (from scratch), models:/NAME@ALIAS or a model folder")
+        if self.finetune.replay_share > 0 and not self.init_from:
+            raise ValueError("train.finetune.replay_share needs train.init_from (replay mixes in the parent's pairs)")
         if self.grad_accum % self.nproc_per_node:
             raise ValueError(f"train.grad_accum={self.grad_accum} must be a multiple of train.nproc_per_node="
                              f"{self.nproc_per_node}: an update is grad_accum batches over all ranks together")
@@ -599,6 +614,7 @@ class Params(_Strict):
     quantize: QuantizeConfig = QuantizeConfig()
     monitor: MonitorConfig = MonitorConfig()
     export: ExportConfig = ExportConfig()
+    adapt: AdaptConfig = AdaptConfig()
 
     def to_flat_dict(self) -> dict[str, Any]:
         """``{"train.seed": 1, ...}``: the resolved config, flattened for tracking."""
@@ -615,7 +631,7 @@ class Params(_Strict):
 def params_from_dict(raw: dict[str, Any]) -> Params:
     """Build ``Params`` from the ``params.yaml`` mapping (``model.preset`` + overrides)."""
     raw = dict(raw or {})
-    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor", "export"}
+    known = {"data", "tokenize", "model", "train", "evaluate", "quantize", "monitor", "export", "adapt"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown params.yaml section(s) {sorted(unknown)}; expected {sorted(known)}")

@@ -49,6 +49,8 @@ __all__ = [
     "PIPELINE_RUN_ENV",
     "DVC_REMOTE_ENV",
     "REQUEST_LOG_URL_ENV",
+    "FAULT_POINT_ENV",
+    "ACTOR_ENV",
 ]
 
 #: ``0``/``false``/``off``/``no`` (any case): MLflow tracking off, every recorder call a no-op.
@@ -75,6 +77,12 @@ DVC_REMOTE_ENV = "AIAYN_DVC_REMOTE"
 #: ``aiayn serve`` (unless ``--log-url``) and the drift monitor (unless ``--log-url``/``--input``):
 #: replicas share one log. Unset: the SQLite file (``--log-path`` / ``monitor.log_path``).
 REQUEST_LOG_URL_ENV = "AIAYN_REQUEST_LOG_URL"
+#: The fault campaign's kill point (``aiayn.faults``): the process that reaches the point of this name
+#: kills itself with SIGKILL. Unset (always, outside tests/test_fault_campaign.py): every point is inert.
+FAULT_POINT_ENV = "AIAYN_FAULT_POINT"
+#: Who moves a registry alias, as the champion history records it (``aiayn.tracking.champion_history``);
+#: unset: ``<user>@<host>``.
+ACTOR_ENV = "AIAYN_ACTOR"
 
 #: Set where an aiayn process starts, unless already set. ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP
 #: workers sleep instead of spinning; on a 2-core machine with one or two other busy processes,
@@ -178,6 +186,10 @@ class Settings:
     dvc_remote: str | None = None
     #: ``REQUEST_LOG_URL_ENV``: the shared request log, when set (holds a password: never log it).
     request_log_url: str | None = None
+    #: ``FAULT_POINT_ENV``: the kill point armed in this process (tests only), None when unset.
+    fault_point: str | None = None
+    #: ``ACTOR_ENV``: who the champion history says moved an alias, when set.
+    actor: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -201,6 +213,8 @@ class Settings:
             pipeline_run_id=_optional(env, PIPELINE_RUN_ENV),
             dvc_remote=_optional(env, DVC_REMOTE_ENV),
             request_log_url=_optional(env, REQUEST_LOG_URL_ENV),
+            fault_point=_optional(env, FAULT_POINT_ENV),
+            actor=_optional(env, ACTOR_ENV),
         )
 
 

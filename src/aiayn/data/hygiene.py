@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from aiayn.config.schema import DataConfig
-from aiayn.data.readers import BAD_CHAR, CorpusError
+from aiayn.data.readers import BAD_CHAR, CorpusError, subword_marker
 
 if TYPE_CHECKING:
     from aiayn.data.readers import PairReader
@@ -171,6 +171,10 @@ class EvalChecks:
                 ch = bad.group()
                 raise CorpusError(f"{where(side, lineno)}: control character U+{ord(ch):04X} "
                                   f"({unicodedata.name(ch, 'unnamed')}) at column {bad.start() + 1}")
+        if (marker := subword_marker(tgt)) is not None:
+            raise CorpusError(f"{where('tgt', lineno)}: the reference contains a subword marker {marker.strip()!r} "
+                              f"({tgt[:60]!r}): the scorer refuses it; fix the file (valid and test splits are never "
+                              "filtered)")
         digest = pair_digest(src, tgt)
         if digest in self.digests:
             self.counts["duplicate"] += 1

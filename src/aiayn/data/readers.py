@@ -42,6 +42,14 @@ _BOM = "\ufeff"
 #: U+007F-009F), tab excepted, and the line/paragraph separators U+2028/U+2029 (Zl, Zp),
 #: which ``str.splitlines`` would split on. ``aiayn.data.hygiene`` drops train pairs that hold one.
 BAD_CHAR = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+#: What decoded text never holds: sentencepiece's word marker and subword-nmt's joiner. The scorer refuses a
+#: hypothesis or reference with one (``aiayn.evaluation.scoring``), so prepare refuses such a reference first.
+SUBWORD_MARKERS = ("\u2581", "@@ ")
+
+
+def subword_marker(line: str) -> str | None:
+    """The first subword marker in ``line`` (a trailing ``@@`` counts), else None."""
+    return next((m for m in SUBWORD_MARKERS if m in line or line.endswith(m.rstrip())), None)
 
 
 class CorpusError(ValueError):

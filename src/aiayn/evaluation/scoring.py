@@ -14,10 +14,11 @@ from textwrap import shorten
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from aiayn.data.readers import SUBWORD_MARKERS, subword_marker
+
 __all__ = ["ScoringError", "score", "SUBWORD_MARKERS", "bleu_tokenizer", "LANGUAGE_TOKENIZERS"]
 
 #: Markers of undecoded subword output: sentencepiece word start (U+2581) and subword-nmt BPE joiner.
-SUBWORD_MARKERS = ("\u2581", "@@ ")
 
 
 #: sacreBLEU's BLEU tokenizer for target languages where 13a (split at spaces and punctuation) is wrong:
@@ -95,7 +96,7 @@ def score(hypotheses: list[str], references: list[str], *, tokenize: str = "13a"
         for lineno, line in enumerate(lines, 1):
             if not isinstance(line, str):
                 raise ScoringError(f"{name} line {lineno} is {type(line).__name__}, not str")
-            marker = next((m for m in SUBWORD_MARKERS if m in line or line.endswith(m.rstrip())), None)
+            marker = subword_marker(line)
             if marker is not None:
                 raise ScoringError(
                     f"{name} line {lineno} contains subword marker {marker.strip()!r}: {line[:80]!r}; "

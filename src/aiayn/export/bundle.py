@@ -24,6 +24,7 @@ from aiayn.export.model_card import render_card
 from aiayn.inference.artifacts import BUNDLE_FORMAT, CT2_FILES, EAGER, BundleError
 from aiayn.inference.load import BundlePredictor
 from aiayn.inference.runtimes import DecodeOptions
+from aiayn.faults import fault_point
 from aiayn.io import atomic_dir, atomic_write_json, atomic_write_text
 
 __all__ = ["build_bundle", "register_bundle", "bundle_sha256", "BUNDLE_SHA256_TAG"]
@@ -103,6 +104,7 @@ def build_bundle(
             (out / "ct2").mkdir()
             for name in CT2_FILES:
                 shutil.copyfile(Path(variant_dir) / name, out / "ct2" / name)
+        fault_point("bundle.model_copied")
         atomic_write_json(out / "bundle.json", info)
         full = card | {"variant": variant, "runtime": info["runtime"], "compute_type": info["compute_type"],
                        "decode": info["decode"]}

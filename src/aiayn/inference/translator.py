@@ -263,9 +263,24 @@ class Translator:
         """``translate_prepared`` with scores: per input line its ``n_best`` best ``ScoredLine``
         (``scored_lines``; at most ``n_best``, greedy gives one), chunked the same way. Raises
         ``ValueError`` unless ``1 <= n_best <= options.beam_size``."""
-        for first, last, spans in self._chunks(prepared, chunk_tokens):
-            hyps = self.decoder.translate_hyps(prepared.units[first:last], options, n_best=n_best)
+        for first, spans, hyps in self.decode_prepared(prepared, options, n_best=n_best, chunk_tokens=chunk_tokens,
+                                                       progress=progress):
             yield self.scored_lines(spans, hyps, len_penalty=options.len_penalty, first=first)
+
+    def decode_prepared(
+        self,
+        prepared: PreparedInput,
+        options: DecodeOptions = DecodeOptions(),
+        *,
+        n_best: int = 1,
+        chunk_tokens: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, list[tuple[int, int]], list[list[Hypothesis]]]]:
+        """The hypotheses behind ``translate_prepared_nbest``, per chunk ``(first, spans, hyps)``: ``hyps[k]``
+        the ``n_best`` of unit ``first + k`` (``Decoder.translate_hyps``), ``spans`` the chunk's input lines
+        (what ``scored_lines`` and ``aiayn.quality.signals.line_signals`` take)."""
+        for first, last, spans in self._chunks(prepared, chunk_tokens):
+            yield first, spans, self.decoder.translate_hyps(prepared.units[first:last], options, n_best=n_best)
             if progress:
                 progress(len(spans))
 

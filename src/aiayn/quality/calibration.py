@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,12 @@ from scipy.stats import beta, binom
 
 from aiayn.quality.signals import SIGNALS
 
-__all__ = ["TAILS", "calibrate", "flags", "in_domain_rate", "window_test"]
+__all__ = ["TAILS", "OUTPUT_REFERENCE_PATH", "calibrate", "flags", "in_domain_rate", "window_test"]
+
+#: Where the drift monitor's ``monitor_reference`` stage writes the calibrated thresholds (with the signal
+#: values they came from: ``monitoring.output_check``), relative to the project root; ``reference.json``
+#: beside it names the trained model it was built for.
+OUTPUT_REFERENCE_PATH = Path("artifacts") / "monitor_reference" / "output_reference.json"
 
 #: The bad tail of each signal: ``low``, ``high`` or ``both``.
 TAILS: dict[str, str] = {

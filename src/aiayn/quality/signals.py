@@ -42,7 +42,7 @@ from aiayn.config.schema import EOS_ID, UNK_ID
 
 __all__ = [
     "SIGNALS", "OutputSignals", "LanguageScorer", "output_signals", "seq_logprob", "length_ratio",
-    "repeat_ngram", "top_piece_share", "copy_rate", "source_unknown_share", "line_signals",
+    "repeat_ngram", "top_piece_share", "copy_rate", "source_unknown_share", "line_signals", "nbest_signals",
 ]  # fmt: skip
 
 #: The signals, in the order the request log, the reference and the monitor list them.
@@ -188,4 +188,23 @@ def line_signals(spans: Sequence[tuple[int, int]], units: Sequence[Sequence[int]
         lang = language if target_lang is not None else None
         out.append(output_signals(source, output, logprob=logprob, text=text, target_lang=target_lang or "",
                                   language=lang).as_dict())
+    return out
+
+
+def nbest_signals(spans: Sequence[tuple[int, int]], units: Sequence[Sequence[int]], hyps: Sequence[Sequence[Any]],
+                  texts: Sequence[Sequence[str]], *, first: int = 0, scored: bool, target_lang: str | None,
+                  language: LanguageScorer | None) -> list[list[dict[str, Any] | None]]:
+    """``line_signals`` of every rank: per input line, the signals of each of its ranked answers ``texts[i][r]``
+    (``Translator.scored_lines``: rank ``r`` joins the r-th hypothesis of each of the line's units). ``units[k]``
+    and ``hyps[k]`` belong to unit ``first + k`` (a chunk of ``Translator.decode_prepared``); ``spans`` are the
+    lines' absolute unit ranges. Rank 0 is ``line_signals``'s answer."""
+    local = [(a - first, b - first) for a, b in spans]
+    out: list[list[dict[str, Any] | None]] = [[] for _ in spans]
+    for r in range(max((len(t) for t in texts), default=0)):
+        ranked = [[unit[r]] if len(unit) > r else [] for unit in hyps]
+        rows = line_signals(local, units, ranked, [t[r] if len(t) > r else "" for t in texts], scored=scored,
+                            target_lang=target_lang, language=language)
+        for line, row, t in zip(out, rows, texts):
+            if r < len(t):
+                line.append(row)
     return out

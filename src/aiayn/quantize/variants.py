@@ -18,6 +18,7 @@ import torch
 
 from aiayn.model import Transformer
 from aiayn.export.ctranslate2 import AiaynConverter
+from aiayn.faults import fault_point
 from aiayn.tokenizer import Tokenizer
 
 __all__ = ["Variant", "VARIANTS", "unavailable_reason", "build_ct2", "build_torchao", "library_version", "dir_bytes"]
@@ -88,6 +89,7 @@ def build_ct2(v: Variant, model: Transformer, tokenizer: Tokenizer, out_dir: Pat
     """Convert ``model`` with ``v.storage`` (else ``v.scheme``) weights into ``out_dir`` (replaced);
     copies ``spm.model``."""
     AiaynConverter(model, tokenizer).convert(str(out_dir), quantization=v.storage or v.scheme, force=True)
+    fault_point("quantize.ct2_converted")
     shutil.copyfile(spm_path, out_dir / "spm.model")
     return out_dir
 

@@ -10,7 +10,8 @@ Endpoints (JSON unless noted):
 - ``GET /health`` (the process is alive; never waits on decoding), ``GET /ready`` (a model is
   loaded and the service is not draining: 200, else 503), ``GET /metadata`` (the bundle's model
   card + the served version), ``GET /metrics`` (Prometheus text: requests by status, errors by
-  kind, latency and batch-size histograms, tokens in/out, failed prunes).
+  kind, latency and batch-size histograms, tokens in/out, failed prunes, answers flagged per output signal
+  by the output reference's thresholds: ``aiayn.serving.output_flags``).
 
 How a request is served:
 
@@ -72,10 +73,11 @@ from fastapi import Request  # runtime name: FastAPI reads the endpoint's annota
 from aiayn.config.schema import UNK_ID
 from aiayn.inference.search import Hypothesis
 from aiayn.inference.runtimes import DecodeOptions
-from aiayn.quality.signals import LanguageScorer, line_signals
+from aiayn.quality.signals import SIGNALS, LanguageScorer, line_signals
 from aiayn.serving.config import ServeConfig
 from aiayn.serving.microbatch import MicroBatcher
 from aiayn.serving.model_source import ServedModel, load_model, parse_model_uri, registry_uri
+from aiayn.serving.output_flags import count_flags, read_output_reference, thresholds_for
 from aiayn.serving.request_log import LogWriteError, RequestLog, open_request_log
 from aiayn.serving.schemas import RequestError, TranslateRequest, parse_request, read_body, request_model
 from aiayn.inference.text import clean_line
@@ -139,8 +141,32 @@ class _State:
                               "the micro-batch queue or decoding)", registry=self.registry)
         self.prune_failures = Counter("aiayn_log_prune_failures", "Request-log prunes that failed (rolled back)",
                                       registry=self.registry)
+        self._output_metrics()
         self._language: LanguageScorer | None = None
         self._language_lock = threading.Lock()
+
+    def _output_metrics(self) -> None:
+        """The flagged-answer counters and their gauge (``aiayn.serving.output_flags``), every signal at 0."""
+        from prometheus_client import Counter, Gauge
+
+        self.reference: dict[str, Any] | None = None
+        self.judged = Counter("aiayn_judged_answers", "Answered sentences judged by the output reference's "
+                              "thresholds", registry=self.registry)
+        self.flagged = Counter("aiayn_flagged_answers", "Judged answers flagged, by output signal",
+                               ["signal"], registry=self.registry)
+        for name in SIGNALS:
+            self.flagged.labels(name)
+        self.thresholds_missing = Gauge("aiayn_output_thresholds_missing", "1: no output thresholds for the served "
+                                        "model (no output reference, or one calibrated on another model), so no "
+                                        "answer is judged", registry=self.registry)
+        self.thresholds_missing.set(1)
+
+    def adopt(self, model: ServedModel) -> ServedModel:
+        """``model`` with the output thresholds that judge its answers (``None`` when the reference was not
+        calibrated on it); sets the gauge for it, the model about to be served."""
+        thresholds = thresholds_for(self.reference, model.digests)
+        self.thresholds_missing.set(0 if thresholds is not None else 1)
+        return replace(model, output_thresholds=thresholds)
 
     def language(self) -> LanguageScorer:
         """py3langid's model for the output-language signal, loaded on first use (~1 s), once."""
@@ -192,7 +218,7 @@ async def _poll(cfg: ServeConfig, state: _State) -> None:
         try:
             ver = await asyncio.to_thread(registered_version, name, alias, tracking_uri=registry_uri(cfg))
             if state.model is not None and ver != state.model.version:
-                new = await asyncio.to_thread(load_model, cfg, state.tmp.name)
+                new = state.adopt(await asyncio.to_thread(load_model, cfg, state.tmp.name))
                 old, state.model = state.model, new  # requests in flight keep their own reference
                 log.info("serving %s version %s (was %s)", name, new.version, old.version if old else None)
                 if old is not None and old.download_dir is not None:  # its weights are in memory already
@@ -272,12 +298,14 @@ def _answer(model: ServedModel, req: TranslateRequest, job: _Job, prepared: Prep
 def _log_answer(state: _State, model: ServedModel, request_id: str, req: TranslateRequest, prepared: PreparedInput,
                 hyps: list, job: _Job, answer: dict[str, Any], src_tokens: list[int], out_tokens: list[int]) -> None:
     """The request's row and one per sentence, with the answer and its output signals
-    (``aiayn.quality.signals``); raises ``LogWriteError``."""
+    (``aiayn.quality.signals``), then counts the flagged ones (``aiayn.serving.output_flags``); raises
+    ``LogWriteError`` (nothing counted)."""
     signals = line_signals(prepared.spans, prepared.units, hyps, answer["translations"], scored=job.scores,
                            target_lang=model.target_lang, language=state.language())
     state.log.write(request_id, ts=time.time(), model=model.public, beam_size=job.options.beam_size,
                     sources=[clean_line(s) for s in req.sentences], source_tokens=src_tokens,
                     output_tokens=out_tokens, outputs=answer["translations"], signals=signals)
+    count_flags(signals, model.output_thresholds, judged=state.judged, flagged=state.flagged)
 
 
 def _finite(x: float) -> float | None:
@@ -289,7 +317,8 @@ def _finite(x: float) -> float | None:
 
 def create_app(cfg: ServeConfig):
     """The FastAPI app: model loaded and log opened here (errors raise: ``BundleError``,
-    ``aiayn.tracking.RegistryError``, ``aiayn.serving.request_log.RequestLogError``), batcher, registry
+    ``aiayn.tracking.RegistryError``, ``aiayn.serving.request_log.RequestLogError``, ``ValueError`` for an
+    unusable ``output_reference``), batcher, registry
     polling and retention started in its lifespan."""
     from fastapi import FastAPI
 
@@ -298,7 +327,8 @@ def create_app(cfg: ServeConfig):
     # `aiayn serve` with one message instead of a half-started service
     state.log = open_request_log(cfg.log_target, busy_timeout_ms=cfg.busy_timeout_ms)
     state.prune()
-    state.model = load_model(cfg, state.tmp.name)
+    state.reference = read_output_reference(cfg.output_reference)
+    state.model = state.adopt(load_model(cfg, state.tmp.name))
     state.language()  # the output-language signal's model, before the first request
 
     @contextlib.asynccontextmanager

@@ -37,6 +37,7 @@ class ServeConfig:
     body_timeout_s: float = 10.0  # the whole request body must arrive within this (else 408)
     drain_s: float = 30.0  # graceful shutdown: requests in flight get this long to finish
     scores: bool = True  # a score per translation in every answer (costs one teacher-forced pass: module doc)
+    output_reference: Path | None = None  # thresholds of /metrics' flagged answers (aiayn.serving.output_flags)
 
     @property
     def log_target(self) -> str | Path:

@@ -27,6 +27,11 @@ class ServedModel:
     variant: str
     card: dict[str, Any] = field(default_factory=dict)
     download_dir: Path | None = None  # registry download (deleted once another version is served)
+    #: SHA-256 of the bundle's ``bundle.json`` and (an eager bundle) ``model.safetensors``: what an output
+    #: reference names as the model it calibrated (``aiayn.serving.output_flags``)
+    digests: frozenset[str] = frozenset()
+    #: the output thresholds that count this model's flagged answers (``None``: not counted)
+    output_thresholds: dict[str, Any] | None = None
 
     @property
     def target_lang(self) -> str | None:
@@ -41,10 +46,15 @@ class ServedModel:
 def load_served_model(bundle: Path, *, version: str, threads: int) -> ServedModel:
     from aiayn.inference.load import BundlePredictor
 
+    from aiayn.io import sha256_file
+
     p = BundlePredictor(bundle, threads=threads)
     card_path = Path(bundle) / "model_card.json"
     card = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else {}
-    return ServedModel(p.translator, p.options, card.get("name", "aiayn"), version, p.info["variant"], card)
+    digests = frozenset(sha256_file(Path(bundle) / name) for name in ("bundle.json", "model.safetensors")
+                        if (Path(bundle) / name).is_file())
+    return ServedModel(p.translator, p.options, card.get("name", "aiayn"), version, p.info["variant"], card,
+                       digests=digests)
 
 
 def registry_uri(cfg: ServeConfig) -> str:

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiayn.faults import fault_point
+
 __all__ = [
     "RequestLog", "SqliteRequestLog", "PostgresRequestLog", "RequestLogError", "LogWriteError", "LoggedSentence",
     "open_request_log", "is_url", "redact", "SCHEMA_VERSION", "Answer", "ReviewItem", "VERDICTS",
@@ -301,7 +303,7 @@ class SqliteRequestLog(RequestLog):
         insert = f"INSERT INTO sentences ({_SENTENCE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         with self._lock:
             self._transaction(lambda db: (db.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?)", head),
-                                          db.executemany(insert, rows)))
+                                          db.executemany(insert, rows), fault_point("request_log.rows_inserted")))
 
     def prune(self, retention_days: float, *, now: float | None = None) -> int:
         cutoff = (time.time() if now is None else now) - retention_days * 86400
@@ -330,7 +332,7 @@ class SqliteRequestLog(RequestLog):
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
                 raise
-        except (sqlite3.Error, ValueError) as e:  # ValueError: text SQLite cannot encode
+        except (sqlite3.Error, ValueError, OSError) as e:  # ValueError: text SQLite cannot encode; OSError: a full disk
             raise LogWriteError(f"request log {self.path}: {type(e).__name__}: {e}") from None
 
     def _query(self, body, *, write: bool):

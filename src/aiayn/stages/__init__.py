@@ -78,6 +78,12 @@ class Layout:
         return self.root / "artifacts" / "train_metrics.json"
 
     @property
+    def parent_model(self) -> Path:
+        """The parent a continued training started from (``train.init_from``: URI, version, sha256 of its weights;
+        ``{"init_from": null}`` from scratch): a train stage output, so ``dvc.lock`` records which parent was used."""
+        return self.root / "artifacts" / "parent_model.json"
+
+    @property
     def plots(self) -> Path:
         """Per-step curves and per-test-set scores for ``dvc plots`` (each file a stage's ``plots`` output)."""
         return self.root / "artifacts" / "plots"

@@ -14,6 +14,7 @@ import logging
 
 from aiayn.config.schema import Params
 from aiayn.data.sources import snapshot
+from aiayn.faults import fault_point
 from aiayn.io import atomic_dir
 from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout
@@ -33,6 +34,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     """
     with atomic_dir(layout.corpus) as tmp:
         manifest = snapshot(params.data, layout.root, tmp)
+        fault_point("corpus.snapshot_written")
     for split, entry in manifest["splits"].items():
         log.info("corpus: %s <- %s", split, ", ".join(entry["origin"]))
     return {"dir": str(layout.corpus), "identity": manifest["identity"],

@@ -14,7 +14,8 @@ as an MLflow pyfunc model (input: sentences; output: translations), registered a
 overrides), so champions never cross language pairs, and the alias ``champion`` moves to it only
 when its ``quantize.gate_split`` BLEU is >= the current champion's of the same registered model
 (``aiayn.tracking.choose_alias``); otherwise it becomes ``challenger``. A model whose training was cut
-by the clock or a signal is always ``challenger`` (``registry_provenance``).
+by the clock or a signal is always ``challenger`` (``registry_provenance``), and so is a model continued from a
+parent (``train.init_from``): the promotion gate decides whether it replaces the champion (``aiayn.adaptation``).
 
 After ``dvc repro`` the pipeline flow calls ``ensure_registered``: DVC's run-cache can restore this stage's
 outputs without running it (treeverse/dvc#4551), and then nothing registers the bundle in a new or emptied
@@ -113,14 +114,19 @@ def _shipped(params: Params, layout: Layout) -> tuple[str, str, dict[str, dict[s
     return variant, why, scores, report
 
 
-def registry_provenance(model_meta: dict[str, Any], commit: str | None, dirty: bool | None) -> dict[str, Any]:
+def registry_provenance(model_meta: dict[str, Any], commit: str | None, dirty: bool | None,
+                        init_from: str | None = None) -> dict[str, Any]:
     """What the registered version carries beyond the bundle (its tags and its card's provenance): the git
     commit, and ``train.budget_cut`` (``max_time_s`` or ``signal``) when training was cut, which makes the
     registry give it ``challenger`` whatever its BLEU (``aiayn.tracking.choose_alias``): a cut model is not
-    the configured one, so it is never served as ``champion`` without a person choosing it."""
+    the configured one, so it is never served as ``champion`` without a person choosing it. ``init_from``
+    (``train.init_from``): the model continues a parent; ``aiayn.promotion_gate: pending`` makes it
+    ``challenger`` until the promotion gate (``aiayn.adaptation``) decides."""
     out: dict[str, Any] = {"git_commit": commit, "git_dirty": dirty}
     if training_was_cut(model_meta.get("budget")):
         out["train.budget_cut"] = model_meta.get("stopped_by") or "unknown"
+    if init_from:
+        out |= {"train.init_from": init_from, "aiayn.promotion_gate": "pending"}
     return out
 
 
@@ -151,11 +157,14 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         "provenance": {"seed": model_meta.get("seed"),
                        "data_seed": model_meta.get("data_seed"), "averaged_steps": model_meta.get("averaged_steps"),
                        "tokenizer_sha256": model_meta.get("tokenizer_sha256"),
+                       # continued training (train.init_from): the parent it was adapted from
+                       **({"adapted_from": model_meta["adapted_from"]} if "adapted_from" in model_meta else {}),
                        "data_hashes": _data_hashes(layout, params)},
         # the params that made the model; the drift monitor's block is not one of them (and is not
         # among this stage's DVC params, so it must not change the bundle either)
-        # (nor is the export block: it says which formats are written, not how the model was made)
-        "params": params.model_dump(mode="json", exclude={"monitor", "export"}),
+        # (nor is the export block: it says which formats are written, not how the model was made;
+        # nor the adapt block: when the adapt flow runs and gates, not how the model was made)
+        "params": params.model_dump(mode="json", exclude={"monitor", "export", "adapt"}),
         "limits": _limits(params, max_src, corpus),
         "max_source_tokens": max_src,
     }
@@ -177,7 +186,8 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         tracker.set_tags({"export.variant": variant})
         tracker.log_artifact(layout.export / "model_card.md", artifact_path="export")
         registered = _register(tracker, layout, name=name, variant=variant, gate_split=q.gate_split,
-                               bleu=float(scores[q.gate_split]["bleu"]), model_meta=model_meta)
+                               bleu=float(scores[q.gate_split]["bleu"]), model_meta=model_meta,
+                               init_from=params.train.init_from)
         if registered:
             log.info("export: registered %s version %s as %s", name, registered["version"], registered["alias"])
         if registered and hf_dir is not None and params.export.mlflow_transformers:
@@ -190,11 +200,12 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
 
 
 def _register(tracker, layout: Layout, *, name: str, variant: str, gate_split: str, bleu: float,
-              model_meta: dict[str, Any], if_absent: bool = False) -> dict[str, Any] | None:
+              model_meta: dict[str, Any], if_absent: bool = False, init_from: str | None = None,
+              ) -> dict[str, Any] | None:
     """``artifacts/export`` registered through ``tracker`` with this checkout's commit (``register_bundle``)."""
     commit, dirty = git_commit(layout.root)
     return register_bundle(tracker, layout.export, name=name, variant=variant, gate_split=gate_split, bleu=bleu,
-                           example=EXAMPLE, provenance=registry_provenance(model_meta, commit, dirty),
+                           example=EXAMPLE, provenance=registry_provenance(model_meta, commit, dirty, init_from),
                            if_absent=if_absent)
 
 
@@ -213,7 +224,8 @@ def ensure_registered(params: Params, layout: Layout, tracker) -> dict[str, Any]
     model_meta = json.loads(model_json.read_text(encoding="utf-8")) if model_json.is_file() else {}
     name = registered_model_name(params.data, Settings.from_env().registered_model_override)
     return _register(tracker, layout, name=name, variant=info["variant"], gate_split=gate_split,
-                     bleu=float(card["scores"][gate_split]["bleu"]), model_meta=model_meta, if_absent=True)
+                     bleu=float(card["scores"][gate_split]["bleu"]), model_meta=model_meta, if_absent=True,
+                     init_from=params.train.init_from)
 
 
 def _data_hashes(layout: Layout, params: Params) -> dict[str, str]:

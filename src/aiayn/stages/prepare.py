@@ -31,6 +31,7 @@ from aiayn.config.schema import Params
 from aiayn.data.readers import CorpusError
 from aiayn.data.hygiene import EvalChecks, LanguageId, TrainRules, check_overlaps
 from aiayn.data.sources import load_manifest, manifest_matches, multi30k_manifest, split_reader
+from aiayn.faults import fault_point
 from aiayn.io import atomic_dir, atomic_write_json
 from aiayn.recording import NULL_RECORDER, Recorder, StageRecord
 from aiayn.stages import Layout
@@ -112,6 +113,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     report = {"corpus": manifest["identity"], "pair": data.pair, "splits": splits, "checks": checks,
               "rules": {"dedup": data.dedup_on, "decontaminate": data.decontaminate, "langid": data.langid,
                         "min_words": data.min_words, "max_words": data.max_words, "max_ratio": data.max_ratio}}
+    fault_point("prepare.folder_swapped")
     atomic_write_json(layout.prepare_report, report)
     with recorder.start(RECORD) as tracker:
         tracker.log_metrics(report_metrics(report), step=0)

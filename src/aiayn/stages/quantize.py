@@ -39,6 +39,7 @@ from aiayn.config.schema import EOS_ID, Params
 from aiayn.data.readers import read_lines
 from aiayn.inference.runtimes import CT2Decoder, DecodeOptions, EagerDecoder
 from aiayn.progress import Progress
+from aiayn.faults import fault_point
 from aiayn.io import atomic_dir, atomic_write_json
 from aiayn.model import Transformer
 from aiayn.quantize.gate import ACCEPTED, FAILED, REJECTED, SKIPPED, degenerate_lines, gate
@@ -276,6 +277,7 @@ def _variant(st: _Run, name: str, vdir: Path) -> None:
            "degenerate_lines": sum(len(b) for b in bad.values())}
     entry |= {"status": status, "bytes": model_bytes, "scores": {s: vm[s] for s in st.tests},
               "degenerate_lines": {s: b[:20] for s, b in bad.items()}}
+    fault_point("quantize.variant_unrecorded")
     atomic_write_json(vdir / "variant.json", entry)
     st.report["variants"][name] = entry
     st.metrics[name] = vm

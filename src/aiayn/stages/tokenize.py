@@ -11,6 +11,13 @@ as one atomic directory swap:
     ``{"vocab_size", "model_sha256", "special_ids", "splits": {split: {"n",
     "src_tokens", "tgt_tokens", "mean_src_len", "mean_tgt_len", "max_src_len",
     "max_tgt_len", "src_unk", "tgt_unk"}}}``; lengths in tokens, no BOS/EOS.
+
+With ``train.init_from`` (continued training, ``aiayn.init_from``) no model is trained: the parent's
+``spm.model`` is copied (its bytes), every split is encoded with it, and ``meta.json`` adds ``"parent"`` (what
+``parent.json`` holds: URI, version, source run, sha256 of weights and vocabulary, architecture) and
+``"unk_rate"`` per split; above ``train.finetune.warn_unk_rate`` of the training split's pieces unknown it
+warns, above ``max_unk_rate`` it refuses (one line). With ``train.finetune.replay_share`` the parent's training
+pair (``replay_path``) is encoded as the split ``parent_replay`` (``meta["replay"]``).
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from aiayn.config.schema import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Params
+from aiayn.init_from import (PARENT_FILE, REPLAY_SPLIT, ParentModel, check_architecture, check_unknown_rate,
+                             resolve_parent, unknown_rate, write_parent_tokenizer)
+from aiayn.faults import fault_point
 from aiayn.io import atomic_dir, atomic_write_json, sha256_file
 from aiayn.recording import NULL_RECORDER, Recorder
 from aiayn.stages import Layout
@@ -46,9 +56,16 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     if missing:
         raise TokenizerError(f"prepared file(s) missing: {', '.join(map(str, missing))}; run `aiayn prepare` first")
 
+    parent = None
+    if params.train.init_from is not None:  # the parent's vocabulary, never a new one
+        parent = resolve_parent(params.train.init_from, layout.root, getattr(recorder, "resolve_registered_model", None))
+        check_architecture(params.model, parent)
     with atomic_dir(layout.tokenized) as tmp:
-        train_files = [layout.prepared / f"{data.train_split}.{lang}" for lang in langs]
-        model_path = train_tokenizer(train_files, tmp / MODEL_NAME.removesuffix(".model"), params.tokenize)
+        if parent is None:
+            train_files = [layout.prepared / f"{data.train_split}.{lang}" for lang in langs]
+            model_path = train_tokenizer(train_files, tmp / MODEL_NAME.removesuffix(".model"), params.tokenize)
+        else:
+            model_path = write_parent_tokenizer(parent, tmp / MODEL_NAME)
         tok = Tokenizer.load(model_path)
         meta: dict = {
             "vocab_size": tok.vocab_size,
@@ -59,8 +76,35 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
         for split in splits:
             src, tgt = (layout.prepared / f"{split}.{lang}" for lang in langs)
             meta["splits"][split] = _stats(save_encoded(tmp, split, tok, src, tgt))
+            fault_point("tokenize.split_encoded")
+        if parent is not None:
+            _continue_parent(params, layout, parent, tok, tmp, meta)
         atomic_write_json(tmp / "meta.json", meta)
     return meta
+
+
+def _continue_parent(params: Params, layout: Layout, parent: ParentModel, tok: Tokenizer, tmp: Path,
+                     meta: dict) -> None:
+    """The parent's part of ``meta`` and ``parent.json``, the unknown-piece rates (the training split's checked
+    against ``train.finetune``) and the replayed parent pairs. Raises ``ParentModelError`` above ``max_unk_rate``,
+    ``TokenizerError`` when a replay file is missing."""
+    d, ft = params.data, params.train.finetune
+    meta["parent"] = parent.record()
+    meta["unk_rate"] = {split: round(unknown_rate(stats), 6) for split, stats in meta["splits"].items()}
+    check_unknown_rate(unknown_rate(meta["splits"][d.train_split]), ft, parent.uri,
+                       f"the training split {d.train_split!r}")
+    if ft.replay_share > 0:
+        prefix = Path(ft.replay_path)
+        prefix = prefix if prefix.is_absolute() else layout.root / prefix
+        src, tgt = (prefix.with_name(f"{prefix.name}.{lang}") for lang in (d.src_lang, d.tgt_lang))
+        lacking = [str(f) for f in (src, tgt) if not f.is_file()]
+        if lacking:
+            raise TokenizerError(f"train.finetune.replay_path {ft.replay_path!r}: {', '.join(lacking)} not found (the "
+                                 "parent's prepared training pair: <prefix>.<src_lang> and <prefix>.<tgt_lang>)")
+        stats = _stats(save_encoded(tmp, REPLAY_SPLIT, tok, src, tgt))
+        meta["replay"] = stats | {"unk_rate": round(unknown_rate(stats), 6),
+                                  "src_sha256": sha256_file(src), "tgt_sha256": sha256_file(tgt)}
+    atomic_write_json(tmp / PARENT_FILE, parent.record())
 
 
 def save_encoded(directory: Path, split: str, tok: Tokenizer, src: Path, tgt: Path) -> EncodedSplit:

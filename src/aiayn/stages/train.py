@@ -13,6 +13,13 @@ into DVC outputs.
 
 Step checkpoints live in ``artifacts/checkpoints`` (not a DVC output): a killed
 run, re-run with the same params, resumes from the newest one.
+
+Continued training (``train.init_from``, ``aiayn.init_from``): the run starts from the parent the tokenize stage
+encoded the corpus for (its weights at step 0, a fresh optimizer and schedule, ``train.finetune``); the run's
+tags name the parent (``aiayn.parent_model``, ``aiayn.parent_version``, ``aiayn.parent_run_id``), ``model.json``
+holds it under ``adapted_from`` and ``artifacts/parent_model.json`` (a DVC output, so ``dvc.lock`` records
+which parent was used) names it: URI, version, source run, sha256 of the weights (``{"init_from": null}`` for a
+run from scratch).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from aiayn.stages import Layout, split_reads
 from aiayn.stages.train_job import (METRICS_FILE, PARAMS_FILE, RESULT_FILE, bleu_validator, load_train_inputs,
                                     result_from_job)
 from aiayn.train import TrainResult, lr_schedule, select_weights, train, validation_loss
+from aiayn.train.schedule import finetune_train_config
 from aiayn.train.select import Selection, checkpoint_extra
 
 __all__ = ["run", "RECORD", "budget_line", "weights_evaluator", "CUT_REASONS"]
@@ -214,7 +222,8 @@ def _validate_final_state(valid: dict[int, dict[str, float]], result: TrainResul
 def _write_plots(layout: Layout, result: TrainResult, valid: dict[int, dict[str, float]], params: Params) -> None:
     """``plots/train_loss.tsv`` (step, loss, lr per step) and ``plots/validation.tsv`` (step and every validation
     metric): the curves ``dvc plots show`` draws; deterministic bytes (no wall-clock columns)."""
-    lr = lr_schedule(params.train, params.model.d_model)  # the optimizer's own schedule, whatever lr_decay
+    # the optimizer's own schedule, whatever lr_decay (a continued run's fresh one; d_model is the parent's then)
+    lr = lr_schedule(finetune_train_config(params.train), params.model.d_model)
     lines = ["step\tloss\tlr"] + [f"{s}\t{loss:.6f}\t{lr(s):.6e}" for s, loss in sorted(result.losses.items())]
     keys = sorted({k for m in valid.values() for k in m})
     vlines = ["\t".join(["step", *keys])] + [
@@ -226,7 +235,7 @@ def _write_plots(layout: Layout, result: TrainResult, valid: dict[int, dict[str,
 
 def _train(params: Params, layout: Layout, tracker: StageRun, inputs: Any, scorer: Any) -> TrainResult:
     """Run the training loop (one process or torchrun) with the progress bar; raise on a signal."""
-    cfg = params.train
+    cfg = inputs.train_cfg  # params.train, or a continued run's fresh schedule
     with _TrainProgress(cfg.max_steps, cfg.log_every) as progress:
         if cfg.nproc_per_node > 1:
             result = _train_torchrun(params.model_copy(update={"model": inputs.model_cfg}), layout, tracker, progress)
@@ -236,7 +245,8 @@ def _train(params: Params, layout: Layout, tracker: StageRun, inputs: Any, score
                 progress.on_valid(metrics)
 
             result = train(inputs.model_cfg, cfg, inputs.train_split, inputs.valid_split, layout.checkpoints,
-                           data_id=inputs.data_id, on_metrics=on_metrics, on_step=progress, valid_scorer=scorer)
+                           data_id=inputs.data_id, on_metrics=on_metrics, on_step=progress, valid_scorer=scorer,
+                           **inputs.trainer_options())
     if result.stopped_by == "signal":
         raise InterruptedError(
             f"training interrupted at step {result.step}; checkpoint saved in {layout.checkpoints}, rerun to resume"
@@ -275,7 +285,7 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     cfg = params.train
     if cfg.keep_checkpoints < cfg.average_last:
         raise ValueError(f"train.keep_checkpoints={cfg.keep_checkpoints} < train.average_last={cfg.average_last}")
-    inputs = load_train_inputs(params, layout)
+    inputs = load_train_inputs(params, layout, getattr(recorder, "resolve_registered_model", None))
     scorer = bleu_validator(params, layout, inputs)
     langs = (params.data.src_lang, params.data.tgt_lang)
     record = RECORD.reading(*split_reads(layout, [params.data.train_split], langs, "training"),
@@ -283,6 +293,8 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     with recorder.start(record) as tracker:
         tracker.log_params(params.to_flat_dict() | {"model.vocab_size": inputs.model_cfg.vocab_size})
         tracker.set_tags({"seed": str(cfg.seed), "data_seed": str(cfg.data_seed), "model_preset": params.model_preset})
+        if inputs.parent is not None:
+            tracker.set_tags(_parent_tags(inputs.parent.record()))
         result = _train(params, layout, tracker, inputs, scorer)
         extra = checkpoint_extra(list_checkpoints(layout.checkpoints)[-1])
         valid = {int(k): v for k, v in extra.get("valid", {}).items()}
@@ -320,6 +332,21 @@ def run(params: Params, layout: Layout, recorder: Recorder = NULL_RECORDER) -> d
     return summary
 
 
+def _parent_tags(parent: dict[str, Any]) -> dict[str, str]:
+    """The train run's tags naming the parent it continued (``aiayn.parent_*``)."""
+    return {"aiayn.parent_model": parent["uri"], "aiayn.parent_version": str(parent["version"] or ""),
+            "aiayn.parent_run_id": str(parent["run_id"] or ""), "aiayn.parent_weights_sha256": parent["weights_sha256"]}
+
+
+def _parent_line(inputs: Any) -> dict[str, Any]:
+    """``artifacts/parent_model.json``: the parent continued (URI, version, source run, sha256 of weights and
+    vocabulary), or ``{"init_from": null}``."""
+    if inputs.parent is None:
+        return {"init_from": None}
+    record = inputs.parent.record()
+    return {"init_from": record["uri"]} | {k: record[k] for k in ("version", "run_id", "weights_sha256", "spm_sha256")}
+
+
 def _early_reason(early: dict[str, Any] | None) -> str | None:
     if not early:
         return None
@@ -343,10 +370,12 @@ def _write_outputs(params: Params, layout: Layout, inputs: Any, result: TrainRes
             "averaged_steps": selection.steps,
             "selection": selection.record(),
             **({"early_stop": early} if early is not None else {}),
+            **({"adapted_from": _parent_line(inputs)} if inputs.parent is not None else {}),
             "seed": cfg.seed,
             "data_seed": cfg.data_seed,
             "tokenizer_sha256": sha256_file(inputs.spm_path),
         })
+    atomic_write_json(layout.parent_model, _parent_line(inputs))
     atomic_write_json(layout.train_metrics, {
         "budget": budget,
         "step": result.step,

@@ -8,20 +8,27 @@ params there, rank 0 appends its metrics and writes the run's result there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aiayn.config.schema import ModelConfig, Params
+import torch
+
+from aiayn.checkpoint import CheckpointError, load_model_weights
+from aiayn.config.schema import ModelConfig, Params, TrainConfig
 from aiayn.data.readers import read_lines
+from aiayn.data.replay import join_splits
+from aiayn.init_from import (REPLAY_SPLIT, ParentModel, ParentModelError, Resolver, check_architecture,
+                             parent_for_training, training_model_config)
 from aiayn.io import sha256_file
 from aiayn.model import Transformer
 from aiayn.stages import Layout
 from aiayn.tokenizer import EncodedSplit, Tokenizer, encoded_files, load_encoded
 from aiayn.train import TrainResult
+from aiayn.train.schedule import finetune_train_config
 
 __all__ = ["PARAMS_FILE", "METRICS_FILE", "RESULT_FILE", "TrainInputs", "load_train_inputs", "data_id",
-           "job_summary", "result_from_job", "bleu_validator"]
+           "parent_weights", "job_summary", "result_from_job", "bleu_validator"]
 
 #: The resolved ``Params`` (``Params.model_dump_json()``), written by the launcher, read by every rank.
 PARAMS_FILE = "params.json"
@@ -43,7 +50,10 @@ class TrainInputs:
 
     ``model_cfg`` is ``params.model`` with ``vocab_size`` taken from the tokenizer (a
     hand-written multi-node ``params.json`` need not carry it); ``data_id`` is ``data_id(...)``
-    of the training split.
+    of the training split. With ``train.init_from``: ``parent`` (``aiayn.init_from``), ``model_cfg`` its
+    architecture, ``train_cfg`` the fresh schedule (``aiayn.train.schedule.finetune_train_config``; else
+    ``params.train`` itself), ``data_id`` also names the parent's weights, and with replay ``train_split`` is the
+    new pairs followed by the parent's (``aiayn.data.replay``). ``trainer_options()``: the Trainer's extra arguments.
     """
 
     spm_path: Path
@@ -51,22 +61,74 @@ class TrainInputs:
     train_split: EncodedSplit
     valid_split: EncodedSplit
     data_id: str
+    train_cfg: TrainConfig | None = None
+    parent: ParentModel | None = None
+    init_weights: dict[str, torch.Tensor] | None = None
+    replay_new_pairs: int | None = None  # with replay: the new pairs come first in train_split
+
+    def trainer_options(self) -> dict[str, Any]:
+        """``aiayn.train.Trainer``'s keyword arguments for the parent: none without one."""
+        if self.parent is None:
+            return {}
+        assert self.train_cfg is not None
+        replay = None if self.replay_new_pairs is None else (self.replay_new_pairs, self.train_cfg.finetune.replay_share)
+        return {"init_weights": self.init_weights, "replay": replay}
 
 
-def load_train_inputs(params: Params, layout: Layout) -> TrainInputs:
-    """Load the tokenizer's size and the encoded ``data.train_split`` / ``data.valid_split``.
+def load_train_inputs(params: Params, layout: Layout, resolver: Resolver | None = None) -> TrainInputs:
+    """Load the tokenizer's size and the encoded ``data.train_split`` / ``data.valid_split``; with
+    ``train.init_from``, the parent the tokenize stage encoded them for (``aiayn.init_from.parent_for_training``;
+    ``resolver`` downloads a registered one not kept yet), its weights and the replayed pairs.
 
-    Raises ``FileNotFoundError`` if the tokenize stage has not run.
+    Raises ``FileNotFoundError`` if the tokenize stage has not run, ``aiayn.init_from.ParentModelError`` (one line)
+    for a parent that cannot be loaded or continued.
     """
     spm_path = layout.tokenized / "spm.model"
     if not spm_path.exists():
         raise FileNotFoundError(f"{spm_path} not found: run the tokenize stage first")
+    parent = parent_for_training(params.train, layout.root, layout.tokenized, resolver)
     tokenizer = Tokenizer.load(spm_path)
     model_cfg = params.model.model_copy(update={"vocab_size": tokenizer.vocab_size})
     train_split = load_encoded(layout.tokenized, params.data.train_split, vocab_size=tokenizer.vocab_size)
     valid_split = load_encoded(layout.tokenized, params.data.valid_split, vocab_size=tokenizer.vocab_size)
-    return TrainInputs(spm_path=spm_path, model_cfg=model_cfg, train_split=train_split, valid_split=valid_split,
-                       data_id=data_id(layout, params.data.train_split))
+    inputs = TrainInputs(spm_path=spm_path, model_cfg=model_cfg, train_split=train_split, valid_split=valid_split,
+                         data_id=data_id(layout, params.data.train_split), train_cfg=params.train)
+    return inputs if parent is None else _continue(params, layout, inputs, parent)
+
+
+def _continue(params: Params, layout: Layout, inputs: TrainInputs, parent: ParentModel) -> TrainInputs:
+    """``inputs`` for continuing ``parent``: its architecture and weights, the fresh schedule, the replayed pairs."""
+    check_architecture(params.model, parent)
+    if sha256_file(inputs.spm_path) != parent.spm_sha256:
+        raise ParentModelError(f"{inputs.spm_path} is not the parent's sentencepiece model: rerun the tokenize stage")
+    model_cfg = training_model_config(params.model, parent)
+    train_split, n_new, ident = inputs.train_split, None, f"{inputs.data_id},parent:{parent.weights_sha256[:16]}"
+    if params.train.finetune.replay_share > 0:
+        pool = load_encoded(layout.tokenized, REPLAY_SPLIT, vocab_size=model_cfg.vocab_size)
+        train_split, n_new = join_splits(inputs.train_split, pool), len(inputs.train_split)
+        ident += ",replay:" + ",".join(sha256_file(f)[:16] for f in encoded_files(layout.tokenized, REPLAY_SPLIT))
+    return replace(inputs, model_cfg=model_cfg, train_split=train_split, data_id=ident,
+                   train_cfg=finetune_train_config(params.train), parent=parent,
+                   init_weights=parent_weights(parent, model_cfg), replay_new_pairs=n_new)
+
+
+def parent_weights(parent: ParentModel, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The parent's weights, checked to fit ``model_cfg`` (names and shapes). Raises ``ParentModelError`` (one line)
+    naming the file when they cannot be loaded or do not fit."""
+    try:
+        weights = load_model_weights(parent.weights)
+    except CheckpointError as e:
+        raise ParentModelError(f"train.init_from {parent.uri}: the parent's weights cannot be loaded: "
+                               f"{' '.join(str(e).split())}") from None
+    want = {k: tuple(v.shape) for k, v in Transformer(model_cfg, device="meta").state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in weights.items()}
+    wrong = sorted(k for k in want.keys() | have.keys() if want.get(k) != have.get(k))
+    if wrong:
+        more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        shown = "; ".join(f"{k}: {have.get(k, 'missing')} vs model {want.get(k, 'none')}" for k in wrong[:3])
+        raise ParentModelError(f"train.init_from {parent.uri}: the parent's weights {parent.weights} do not fit its "
+                               f"architecture: {shown}{more}")
+    return weights
 
 
 def job_summary(result: TrainResult, world_size: int) -> dict[str, Any]:

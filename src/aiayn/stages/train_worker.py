@@ -44,7 +44,8 @@ def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
     world = world_from_env()
     backend = init_process_group(world, rank_device(params.train.device, world))
     log.info("rank %d/%d (%s) started", world.rank, world.world_size, backend)
-    # The model is sized by the tokenizer, as in the one-process stage (a hand-written params.json need not carry it).
+    # The model is sized by the tokenizer, as in the one-process stage (a hand-written params.json need not carry it);
+    # a registered parent (train.init_from) was resolved by the launcher: it is read from the project's kept copy.
     inputs = load_train_inputs(params, layout)
     metrics_file = (job_dir / METRICS_FILE).open("a", encoding="utf-8") if world.is_main else None
 
@@ -54,8 +55,9 @@ def run_rank(root: Path, job_dir: Path) -> dict[str, Any]:
         metrics_file.flush()
 
     try:
-        result = train(inputs.model_cfg, params.train, inputs.train_split, inputs.valid_split, layout.checkpoints,
-                       data_id=inputs.data_id, on_metrics=on_metrics if world.is_main else None, world=world)
+        result = train(inputs.model_cfg, inputs.train_cfg, inputs.train_split, inputs.valid_split, layout.checkpoints,
+                       data_id=inputs.data_id, on_metrics=on_metrics if world.is_main else None, world=world,
+                       **inputs.trainer_options())
     finally:
         if metrics_file is not None:
             metrics_file.close()

@@ -12,8 +12,9 @@ Each submodule holds one concern (its docstring says which); the names in each s
 
 from __future__ import annotations
 
-from aiayn.tracking import lineage, parent, registry, registry_lock, runs, standalone, store
+from aiayn.tracking import lineage, orphans, parent, registry, registry_lock, runs, standalone, store
 from aiayn.tracking.lineage import *  # noqa: F403
+from aiayn.tracking.orphans import *  # noqa: F403
 from aiayn.tracking.parent import *  # noqa: F403
 from aiayn.tracking.registry import *  # noqa: F403
 from aiayn.tracking.registry_lock import *  # noqa: F403
@@ -21,4 +22,4 @@ from aiayn.tracking.runs import *  # noqa: F403
 from aiayn.tracking.standalone import *  # noqa: F403
 from aiayn.tracking.store import *  # noqa: F403
 
-__all__ = [name for module in (runs, parent, store, lineage, registry, registry_lock, standalone) for name in module.__all__]
+__all__ = [name for module in (runs, parent, store, lineage, orphans, registry, registry_lock, standalone) for name in module.__all__]

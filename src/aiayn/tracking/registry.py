@@ -11,7 +11,8 @@ and given an alias by ``choose_alias``. ``register_transformers`` registers the 
 Under faults (docs/serving.md, "Registry under faults"):
 
 - the version's creation, the champion read, the decision and the alias move run under the model's
-  registry lock (``aiayn.tracking.registry_lock``), and the alias is re-read after it is set;
+  registry lock (``aiayn.tracking.registry_lock``), and the alias is re-read after it is set; the move is
+  recorded in the champion history (``aiayn.tracking.champion_history``);
 - each version carries an idempotency key (``aiayn.registration_key``: the registering stage run and the
   bundle's content digest ``aiayn.bundle_sha256``), looked up before every create and after it, so a create
   whose response was lost and was retried (by this code or by MLflow's HTTP layer) leaves one version;
@@ -36,6 +37,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aiayn.tracking.alias_events import record_move, registration_reason
 from aiayn.tracking.registry_lock import model_lock
 from aiayn.tracking.store import http_unreachable
 
@@ -43,6 +45,7 @@ __all__ = [
     "CHAMPION",
     "CHALLENGER",
     "BUDGET_CUT_TAG",
+    "PROMOTION_GATE_TAG",
     "BUNDLE_SHA256_TAG",
     "REGISTRATION_KEY_TAG",
     "MANIFEST_SHA256_TAG",
@@ -67,6 +70,10 @@ __all__ = [
 CHAMPION, CHALLENGER = "champion", "challenger"
 #: version tag (and train stage run tag) naming why training was cut: ``max_time_s`` or ``signal``
 BUDGET_CUT_TAG = "train.budget_cut"
+#: version tag: the promotion gate decides this version's alias (``aiayn.adaptation``): ``pending`` when the export
+#: stage registers a model continued from a parent (``train.init_from``), so it becomes ``challenger`` whatever its
+#: BLEU; then ``promoted`` or ``refused`` (``aiayn.tracking.promotion``)
+PROMOTION_GATE_TAG = "aiayn.promotion_gate"
 #: version tag: sha256 digest of the bundle that was registered (the caller's, e.g. the DVC output's bytes:
 #: ``aiayn.export.bundle.bundle_sha256``; else ``tree_sha256`` of the folder registered)
 BUNDLE_SHA256_TAG = "aiayn.bundle_sha256"
@@ -82,13 +89,15 @@ CREATE_ATTEMPTS = 3
 log = logging.getLogger("aiayn.tracking")
 
 
-def choose_alias(new_bleu: float, champion_bleu: float | None, *, budget_cut: str | None = None) -> str:
+def choose_alias(new_bleu: float, champion_bleu: float | None, *, budget_cut: str | None = None,
+                 gated: bool = False) -> str:
     """The alias a new version gets: ``champion`` when there is no champion yet or
     ``new_bleu >= champion_bleu`` (a tie moves the alias: the newer pipeline run, with the newest code
     and data, wins at equal quality), else ``challenger``. A champion without a BLEU tag counts as absent.
     ``budget_cut`` (the ``train.budget_cut`` tag: ``max_time_s`` or ``signal``): training was cut, so the
-    model is not the configured one; it is ``challenger`` whatever its BLEU (never served by default)."""
-    if budget_cut:
+    model is not the configured one; it is ``challenger`` whatever its BLEU (never served by default).
+    ``gated`` (``PROMOTION_GATE_TAG``): an adapted model, ``challenger`` until the promotion gate decides."""
+    if budget_cut or gated:
         return CHALLENGER
     if champion_bleu is None or new_bleu >= champion_bleu:
         return CHAMPION
@@ -329,14 +338,18 @@ def _create_version_once(client: Any, *, tracking_uri: str, name: str, key: str,
 
 
 def _move_alias(client: Any, name: str, version: str, *, bleu: float, gate_split: str,
-                budget_cut: str | None) -> tuple[str, float | None]:
-    """Read the champion, decide by ``choose_alias``, set the alias, and re-read it: when it no longer
-    points at ``version`` (a writer outside the lock moved it), decide again (3 tries).
+                budget_cut: str | None, run_id: str | None = None, gated: bool = False) -> tuple[str, float | None]:
+    """Read the champion, decide by ``choose_alias``, set the alias (a move recorded in the champion
+    history: ``aiayn.tracking.alias_events.record_move``), and re-read it: when it no longer points at
+    ``version`` (a writer outside the lock moved it), decide again (3 tries).
     Returns ``(alias, champion BLEU before)``."""
     for _ in range(3):
         champion_bleu = _alias_bleu(client, name, CHAMPION, gate_split)
-        alias = choose_alias(bleu, champion_bleu, budget_cut=budget_cut)
-        client.set_registered_model_alias(name, alias, version)
+        alias = choose_alias(bleu, champion_bleu, budget_cut=budget_cut, gated=gated)
+        reason = (f"registered: challenger, the promotion gate decides; bleu.{gate_split} {bleu:.2f}" if gated else
+                  registration_reason(alias, bleu, champion_bleu, gate_split=gate_split, budget_cut=budget_cut))
+        record_move(client, name, version, alias=alias, kind="register", run_id=run_id,
+                    metrics={f"bleu.{gate_split}": bleu}, reason=reason)
         if str(client.get_model_version_by_alias(name, alias).version) == str(version):
             return alias, champion_bleu
         log.warning("alias %s of %s moved while version %s was being registered: deciding again",
@@ -420,7 +433,8 @@ def register_translation(client: Any, *, tracking_uri: str, experiment_id: str, 
         mv = _create_version_once(client, tracking_uri=tracking_uri, name=name, key=key, source=f"models:/{model_id}",
                                   run_id=source_run, tags=version_tags, model_id=model_id)
         alias, champion_bleu = _move_alias(client, name, str(mv.version), bleu=bleu, gate_split=gate_split,
-                                           budget_cut=version_tags.get(BUDGET_CUT_TAG))
+                                           budget_cut=version_tags.get(BUDGET_CUT_TAG), run_id=source_run,
+                                           gated=PROMOTION_GATE_TAG in version_tags)
     return {"version": str(mv.version), "alias": alias, "champion_bleu_before": champion_bleu}
 
 

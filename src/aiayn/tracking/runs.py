@@ -18,6 +18,14 @@ later call is a no-op. Errors in the *caller's* input (a non-numeric metric, a b
 file) still raise ``ValueError``/``FileNotFoundError``, tracking on or off
 (``aiayn.recording.check_*``). ``enabled=False`` or ``AIAYN_TRACKING=0`` turns everything into a
 no-op.
+
+A *required* run (``required=True``; the stage entry points, ``aiayn <stage>`` and the Prefect stage
+flows, ask for one) is never silently missing: a store unreachable when the run starts (after the
+probe's bounded tries, ``aiayn.tracking.store``) raises ``TrackingLostError`` before the stage's work; a
+store lost mid-run (MLflow's HTTP client retries twice, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) lets the
+stage finish its work and write its outputs, then raises ``TrackingLostError`` when the ``with`` block
+ends, so the stage fails (``dvc repro`` records nothing and runs it again). Its run, left ``RUNNING`` in
+the store, is ended as ``KILLED`` by the next stage run that starts (``aiayn.tracking.orphans``).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from aiayn.tracking.lineage import (
     stage_data,
     stage_tags,
 )
+from aiayn.tracking.orphans import PROCESS_TAG, end_orphaned_runs, process_tag
 from aiayn.tracking.parent import DESCRIPTION_TAG, STATE_FILE, describe_pipeline, finish_parent, resolve_parent
 from aiayn.tracking.registry import register_translation, register_transformers
 from aiayn.tracking.store import (
@@ -58,9 +67,13 @@ from aiayn.tracking.store import (
     tracking_enabled,
 )
 
-__all__ = ["Tracker", "MlflowRecorder"]
+__all__ = ["Tracker", "MlflowRecorder", "TrackingLostError"]
 
 log = logging.getLogger("aiayn.tracking")
+
+
+class TrackingLostError(RuntimeError):
+    """A required run (``Tracker(required=True)``) could not be started, or lost its store mid-run."""
 
 
 def mlflow_command() -> str:
@@ -76,12 +89,14 @@ class MlflowRecorder:
     Built where a stage is started (``aiayn <stage>``, the Prefect stage flows) and handed to the
     stage's ``run``. The arguments are ``Tracker``'s; ``settings`` (default: read from the
     environment when a run starts) gives ``AIAYN_TRACKING`` and ``AIAYN_PARENT_RUN_ID``; ``params`` is the
-    config the stage runs with (``aiayn <stage> --params FILE``, the flows' ``Params``).
+    config the stage runs with (``aiayn <stage> --params FILE``, the flows' ``Params``); ``required``: every run
+    it starts is required (module doc).
     """
 
     def __init__(self, project_root: str | Path, *, experiment: str = "aiayn", tracking_uri: str | None = None,
                  enabled: bool = True, settings: Settings | None = None,
-                 params: Mapping[str, Any] | None = None) -> None:
+                 params: Mapping[str, Any] | None = None, required: bool = False) -> None:
+        self.required = required
         self.project_root = Path(project_root)
         self.params = params
         self.experiment = experiment
@@ -92,7 +107,17 @@ class MlflowRecorder:
     def start(self, record: StageRecord) -> Tracker:
         """A ``Tracker`` for ``record`` (its run starts when the ``with`` block is entered)."""
         return Tracker(record, project_root=self.project_root, experiment=self.experiment,
-                       tracking_uri=self.tracking_uri, enabled=self.enabled, settings=self.settings, params=self.params)
+                       tracking_uri=self.tracking_uri, enabled=self.enabled, settings=self.settings, params=self.params,
+                       required=self.required)
+
+    def resolve_registered_model(self, uri: str, cache_root: Path) -> dict[str, Any]:
+        """The registered version ``uri`` (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``) as a model folder
+        under ``cache_root``, for ``train.init_from`` (``aiayn.tracking.registered_parent``); read from this
+        recorder's store whether tracking is on or not. Raises ``aiayn.tracking.RegistryError`` (one line)."""
+        from aiayn.tracking.registered_parent import resolve_registered_parent
+
+        return resolve_registered_parent(uri, tracking_uri=resolve_tracking_uri(self.project_root, self.tracking_uri),
+                                         cache_root=cache_root)
 
 
 class Tracker:
@@ -120,9 +145,11 @@ class Tracker:
         settings: the environment's settings (default: read now).
         params: the config the stage runs with (``Params.model_dump(mode="json")``): it fills ``dvc.yaml``'s
             templates when the run is tagged with what the stage read and wrote (default: ``params.yaml``'s).
+        required: the run must be recorded (module doc): ``TrackingLostError`` instead of going on without it.
 
     Raises:
         ValueError: an invalid stage name, ``flush_every`` < 1 or ``flush_seconds`` < 0.
+        TrackingLostError: (``required``) when the ``with`` block is entered or left, the run is not recorded.
     """
 
     def __init__(
@@ -138,8 +165,10 @@ class Tracker:
         flush_seconds: float = 10.0,
         settings: Settings | None = None,
         params: Mapping[str, Any] | None = None,
+        required: bool = False,
     ) -> None:
         self.record = record if isinstance(record, StageRecord) else StageRecord(record)
+        self._required = required
         if flush_every < 1 or flush_seconds < 0:
             raise ValueError(f"flush_every must be >= 1 and flush_seconds >= 0, got {flush_every}, {flush_seconds}")
         self.stage = self.record.stage
@@ -246,9 +275,12 @@ class Tracker:
         why = open_http(self.tracking_uri)
         if why:
             self._disable(why)
-            return self
-        self._active = True
-        self._guard(self._start)
+        else:
+            self._active = True
+            self._guard(self._start)
+        if self._required and self._why:
+            raise TrackingLostError(f"stage {self.stage}: its MLflow run could not be started in {self.tracking_uri} "
+                                    f"({self._why}); nothing was run (AIAYN_TRACKING=0 runs it untracked)")
         return self
 
     def _start(self) -> None:
@@ -280,11 +312,12 @@ class Tracker:
             self._owns_parent = True
         self._set_tags(self._parent_run_id, tags)
         self._parent_params = set(self._client.get_run(self._parent_run_id).data.params)
-
+        end_orphaned_runs(self._client, self._experiment_id)  # runs of stages killed outright (kill -9)
         run = self._client.create_run(
             self._experiment_id,
             run_name=self.stage,
-            tags={"mlflow.parentRunId": self._parent_run_id, "aiayn.stage": self.stage, "aiayn.kind": "stage"},
+            tags={"mlflow.parentRunId": self._parent_run_id, "aiayn.stage": self.stage, "aiayn.kind": "stage",
+                  PROCESS_TAG: process_tag()},
         )
         self._run_id = run.info.run_id
         self._set_tags(self._run_id, tags)
@@ -380,17 +413,20 @@ class Tracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        if not self._active:
-            return False
-        self.flush()
-        if exc_type is None:
-            status = "FINISHED"
-        elif issubclass(exc_type, KeyboardInterrupt):
-            status = "KILLED"
-        else:
-            status = "FAILED"
-        self._guard(self._finish, status)
-        self._active = False
+        if self._active:
+            self.flush()
+            if exc_type is None:
+                status = "FINISHED"
+            elif issubclass(exc_type, KeyboardInterrupt):
+                status = "KILLED"
+            else:
+                status = "FAILED"
+            self._guard(self._finish, status)
+            self._active = False
+        if self._required and self._why and exc_type is None:
+            raise TrackingLostError(f"stage {self.stage}: its MLflow run {self._run_id} in {self.tracking_uri} is "
+                                    f"incomplete ({self._why}); its outputs are written, but the stage fails so that "
+                                    "it runs again (rerun it once the store answers; AIAYN_TRACKING=0 runs it untracked)")
         return False  # never swallow the caller's exception
 
     def _finish(self, status: str) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 if TYPE_CHECKING:
     from aiayn.config.schema import TrainConfig
 
-__all__ = ["inverse_sqrt_lr", "learning_rate", "lr_schedule", "dropout_seed"]
+__all__ = ["inverse_sqrt_lr", "learning_rate", "lr_schedule", "finetune_train_config", "dropout_seed"]
 
 
 def inverse_sqrt_lr(step: int, *, d_model: int, warmup_steps: int, lr_scale: float = 1.0) -> float:
@@ -56,6 +56,22 @@ def lr_schedule(cfg: TrainConfig, d_model: int) -> Callable[[int], float]:
                              decay=cfg.lr_decay, max_steps=cfg.max_steps)
 
     return lr
+
+
+def finetune_train_config(cfg: TrainConfig) -> TrainConfig:
+    """The train config a run follows: ``cfg`` itself without ``init_from``; with it, a fresh schedule
+    (``cfg.finetune``): warmup over ``finetune.warmup_steps`` to ``finetune.lr_scale`` times the peak of ``cfg``'s
+    own schedule, then ``cfg.lr_decay``.
+
+    The peak of ``learning_rate`` is ``lr_scale * d_model**-0.5 * warmup_steps**-0.5`` (either decay), so the
+    returned config's ``lr_scale`` is ``cfg.lr_scale * finetune.lr_scale * sqrt(finetune.warmup_steps /
+    cfg.warmup_steps)``: a shorter warmup does not raise the peak. Everything else is ``cfg``'s.
+    """
+    if cfg.init_from is None:
+        return cfg
+    ft = cfg.finetune
+    scale = cfg.lr_scale * ft.lr_scale * (ft.warmup_steps / cfg.warmup_steps) ** 0.5
+    return cfg.model_copy(update={"warmup_steps": ft.warmup_steps, "lr_scale": scale})
 
 
 def dropout_seed(seed: int, step: int, batch: int) -> int:

@@ -81,6 +81,8 @@ def config_fingerprint(model_cfg: ModelConfig, train_cfg: TrainConfig, data_id: 
               "average_last", "log_every", "num_threads", "device",
               "distributed", "nproc_per_node", "compile", "loss_chunk_tokens", "max_skipped_updates",
               "epoch_checkpoints", "valid_bleu", "early_stop", "select"}
+    if train_cfg.init_from is None:  # a run from scratch keeps the fingerprint it had before continued training
+        budget |= {"init_from", "finetune"}
     if train_cfg.optimizer == "adam":  # Adam's checkpoints keep the fingerprint they had before Muon was a choice
         budget |= {"optimizer", "muon_momentum"}
     payload = {
@@ -169,6 +171,8 @@ class Trainer:
         on_step: StepFn | None = None,
         world: World | None = None,
         valid_scorer: ScorerFn | None = None,
+        init_weights: dict[str, torch.Tensor] | None = None,
+        replay: tuple[int, float] | None = None,
     ) -> None:
         self.model_cfg, self.cfg = model_cfg, train_cfg
         self.train_split, self.valid_split = train_split, valid_split
@@ -177,6 +181,7 @@ class Trainer:
         self.on_metrics, self.on_step = on_metrics, on_step
         self.world = world or World()
         self.valid_scorer = valid_scorer
+        self.init_weights, self.replay = init_weights, replay
 
     # --- setup ---------------------------------------------------------------------------------------------
 
@@ -189,12 +194,14 @@ class Trainer:
         self._setup_process()
         self.fingerprint = config_fingerprint(self.model_cfg, self.cfg, self.data_id)
         self._setup_model()
-        self.iterator = EpochBatchIterator(self.train_split, max_tokens=self.cfg.max_tokens, data_seed=self.cfg.data_seed)
+        self.iterator = self._batch_iterator()
         self.result = TrainResult(step=0, epoch=1, model=self.model)
         self._setup_validation()
         state, path = self._compatible_checkpoint() if resume else (None, None)
         if state is not None:
             self.model.load_state_dict(state.model)  # before sharding: every rank holds the full weights
+        elif self.init_weights is not None:  # continued training: step 0 is the parent
+            self.model.load_state_dict(self.init_weights)
         self.param_names = [name for name, _ in self.model.named_parameters()]  # the optimizer's parameter order
         self._setup_parallel()
         self._setup_optimizer()
@@ -205,6 +212,18 @@ class Trainer:
         self._signal = _StopSignal()  # installed by train(); never set when steps are driven by hand
         self._consecutive_skips = 0
         self._start_clock()
+
+    def _batch_iterator(self) -> EpochBatchIterator:
+        """The data order: ``train_split``'s batches, or with ``replay`` ``(n_new, share)`` the new pairs plus a
+        ``share`` of each epoch drawn from the parent's pairs after them (``aiayn.data.replay``)."""
+        cfg = self.cfg
+        if self.replay is None:
+            return EpochBatchIterator(self.train_split, max_tokens=cfg.max_tokens, data_seed=cfg.data_seed)
+        from aiayn.data.replay import ReplayBatchIterator
+
+        n_new, share = self.replay
+        return ReplayBatchIterator(self.train_split, n_new=n_new, share=share, max_tokens=cfg.max_tokens,
+                                   data_seed=cfg.data_seed)
 
     def _setup_validation(self) -> None:
         """Early stopping and the record of scheduled checkpoints. Raises ``ValueError`` for early stopping
@@ -581,6 +600,10 @@ def train(
         valid_scorer: more validation metrics of the model (``aiayn.train.validation.BleuValidator``:
             ``valid_bleu``, ``valid_chrf``), measured with the validation loss (not under FSDP); it
             must draw no random numbers, so the weights do not depend on it.
+        init_weights: continued training (``train.init_from``): the parent's weights, the model's at step 0
+            when no checkpoint is resumed; the optimizer starts fresh either way (``train_cfg``'s schedule).
+        replay: ``(n_new, share)``: ``train_split`` holds ``n_new`` new pairs then the parent's pairs, ``share``
+            of each epoch's pairs are drawn from the latter (``aiayn.data.replay.ReplayBatchIterator``).
 
     Early stopping (``train_cfg.early_stop``) counts validations without improvement; the count
     is saved in every checkpoint, so a resumed run stops where an uninterrupted one would
