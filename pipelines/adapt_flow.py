@@ -43,7 +43,8 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Completed, Failed  # noqa: E402
 
-from aiayn.adaptation.adapt_plan import AdaptError, adapted_overrides, champion_uri, prepare_corpus  # noqa: E402
+from aiayn.adaptation.adapt_plan import (PARAMS_BACKUP, AdaptError, adapted_overrides, champion_uri,  # noqa: E402
+                                         prepare_corpus, restore_interrupted_adaptation)
 from aiayn.adaptation.promotion_gate import GateError  # noqa: E402
 from aiayn.adaptation.trigger import (LOCK_FILE, TriggerError, adapt_lock, check_trigger, read_state,  # noqa: E402
                                       reviewed_pairs, utc_now, write_state)
@@ -71,6 +72,9 @@ def adapted_params_file(path: Path, overrides: dict[str, Any]) -> Iterator[None]
     from dvc.utils.serialize import dumps_yaml, parse_yaml_for_update
 
     original = path.read_text(encoding="utf-8")
+    backup = path.parent / PARAMS_BACKUP  # first: a run killed from here on leaves the original beside it
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(backup, original)
     data = parse_yaml_for_update(original, str(path))
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
@@ -85,6 +89,7 @@ def adapted_params_file(path: Path, overrides: dict[str, Any]) -> Iterator[None]
         yield
     finally:
         atomic_write_text(path, original)
+        backup.unlink(missing_ok=True)
 
 
 def run_adapted_pipeline(root: Path, push: bool) -> dict[str, Any]:
@@ -135,6 +140,8 @@ def adapt(root: str = ".", push: bool = True, force: bool = False) -> Any:
             message = f"skipped: an adapt run is already going in {root_path} ({LOCK_FILE} is held)"
             logger.warning(message)
             return Completed(name="Skipped", message=message)
+        if restore_interrupted_adaptation(root_path, locked=True):
+            logger.warning("params.yaml was left adapted by a killed adapt run: put back from %s", PARAMS_BACKUP)
         try:
             return _adapt(root_path, push, force, logger)
         except _STEP_ERRORS as e:

@@ -61,6 +61,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.states import Failed, State  # noqa: E402
 
+from aiayn.adaptation.adapt_plan import PARAMS_BACKUP, restore_interrupted_adaptation  # noqa: E402
 from aiayn.config.checks import load_checked  # noqa: E402
 from aiayn.exitcodes import EXIT_TRAINING_CUT, cut_warning_markdown, training_was_cut  # noqa: E402
 from aiayn.host import host_info, matmul_gflops  # noqa: E402
@@ -352,6 +353,8 @@ def pipeline(root: str = ".", push: bool = True, mirror: str | None = None) -> d
     it (``state.result(raise_on_failure=False)``), so a scheduled run that was cut shows as failed."""
     root_path = Path(root).resolve()
     layout = Layout(root_path)
+    if restore_interrupted_adaptation(root_path):  # a killed adapt run left params.yaml adapted
+        get_run_logger().warning("params.yaml was left adapted by a killed adapt run: put back from %s", PARAMS_BACKUP)
     params = load_checked(root_path / "params.yaml", root_path)  # every problem at once, before any stage
     with Tracker("orchestrate", project_root=root_path, end_pipeline=True) as tracker:
         tracker.set_tags({"prefect.flow_run_id": str(runtime.flow_run.id)})

@@ -219,6 +219,28 @@ def test_a_second_run_while_one_runs_is_skipped_with_a_message(flow_env, prefect
     assert len(seen["pipeline"]) == 1 and len(seen["gate"]) == 1
 
 
+def test_params_left_adapted_by_a_killed_run_are_put_back_first(flow_env, prefect_harness):
+    """A kill -9 inside the adapted run never reaches the ``finally`` that restores params.yaml: the next
+    adapt or pipeline run puts the original back, but not while an adaptation holds the lock."""
+    from aiayn.adaptation.adapt_plan import PARAMS_BACKUP, restore_interrupted_adaptation
+    from pipelines.adapt_flow import adapted_params_file
+
+    root, adapt = flow_env["root"], flow_env["flow"]
+    before = (root / "params.yaml").read_text()
+    killed = adapted_params_file(root / "params.yaml", {"train.init_from": "models:/m@champion"})
+    killed.__enter__()  # the process dies here: its finally never runs
+    assert "models:/m@champion" in (root / "params.yaml").read_text() and (root / PARAMS_BACKUP).is_file()
+    with adapt_lock(root):
+        assert not restore_interrupted_adaptation(root)  # an adaptation running: its params stay adapted
+    assert restore_interrupted_adaptation(root) and (root / "params.yaml").read_text() == before
+    assert not (root / PARAMS_BACKUP).exists() and not restore_interrupted_adaptation(root)
+    killed = adapted_params_file(root / "params.yaml", {"train.init_from": "models:/m@champion"})
+    killed.__enter__()
+    state = adapt(root=str(root), push=False, return_state=True)  # the flow restores before it reads params
+    assert state.is_completed(), state.message
+    assert (root / "params.yaml").read_text() == before and not (root / PARAMS_BACKUP).exists()
+
+
 def test_a_failed_pipeline_fails_the_run_and_keeps_params_and_state(flow_env, prefect_harness):
     root, seen, adapt = flow_env["root"], flow_env["seen"], flow_env["flow"]
     before = (root / "params.yaml").read_text()

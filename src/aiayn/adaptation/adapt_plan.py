@@ -17,13 +17,19 @@ line (``AdaptError``).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from aiayn.config.schema import Params
 from aiayn.io import atomic_write_text
 
-__all__ = ["AdaptError", "champion_uri", "adapted_overrides", "prepare_corpus", "corpus_folder"]
+__all__ = ["AdaptError", "champion_uri", "adapted_overrides", "prepare_corpus", "corpus_folder", "PARAMS_BACKUP",
+           "restore_interrupted_adaptation"]
+
+#: The project's own ``params.yaml`` while an adapted run has replaced it (``pipelines.adapt_flow``): written
+#: before the adapted file, removed after the original is back. Left behind only by a killed adapt run.
+PARAMS_BACKUP = ".aiayn/params.before-adapt.yaml"
 
 
 class AdaptError(ValueError):
@@ -96,3 +102,21 @@ def prepare_corpus(params: Params, root: Path, prepared: Path) -> list[str]:
             _tsv_from_prepared(params, Path(prepared), split, out)
             written.append(split)
     return written
+
+
+def restore_interrupted_adaptation(root: Path, *, locked: bool = False) -> bool:
+    """Put the project's ``params.yaml`` back when a killed adapt run left it adapted (``PARAMS_BACKUP``
+    present and no adapt run holding the lock; ``locked``: the caller holds it); returns whether it did.
+    Run first by the adapt flow and the pipeline flow, so a nightly retrain never starts from the champion
+    by accident."""
+    from aiayn.adaptation.trigger import adapt_lock
+
+    root = Path(root)
+    if not (root / PARAMS_BACKUP).is_file():
+        return False
+    with contextlib.nullcontext(True) if locked else adapt_lock(root) as held:
+        if not held:  # an adaptation is running: its params are meant to be adapted
+            return False
+        atomic_write_text(root / "params.yaml", (root / PARAMS_BACKUP).read_text(encoding="utf-8"))
+        (root / PARAMS_BACKUP).unlink()
+    return True
