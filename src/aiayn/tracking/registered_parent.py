@@ -21,8 +21,7 @@ from typing import Any
 
 from aiayn.config.finetune import RESOLVED_FILE, registered_parent_dir, registry_parts
 from aiayn.io import atomic_dir, atomic_write_json
-from aiayn.tracking.registry import (MANIFEST_FILE, MANIFEST_SHA256_TAG, RegistryError, registered_version,
-                                     verify_manifest)
+from aiayn.tracking.registry import RegistryError, download_verified, registered_version
 from aiayn.tracking.store import http_unreachable
 
 __all__ = ["resolve_registered_parent"]
@@ -76,23 +75,11 @@ def _download_parent(name: str, version: str, *, tracking_uri: str, cache_root: 
 
 def _bundle(client: Any, mv: Any, tracking_uri: str, dst: Path) -> Path:
     """The version's serving bundle downloaded into ``dst``, checked against its registered manifest."""
-    import mlflow.artifacts
-
-    name, version = mv.name, mv.version
-    try:
-        source = client.get_model_version_download_uri(name, version)
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst), tracking_uri=tracking_uri))
-    except Exception as e:  # noqa: BLE001 - one message for every transport failure
-        raise RegistryError(f"could not download models:/{name}/{version}: {type(e).__name__}: {e}") from None
-    found = sorted(local.rglob("bundle.json"))
-    if not found:
-        raise RegistryError(f"models:/{name}/{version} holds no serving bundle (bundle.json)")
-    expected = (mv.tags or {}).get(MANIFEST_SHA256_TAG)
-    manifest = min(local.rglob(MANIFEST_FILE), key=lambda p: len(p.parts), default=local / MANIFEST_FILE)
-    if expected is not None and (problems := verify_manifest(found[0].parent, manifest, expected)):
-        raise RegistryError(f"models:/{name}/{version} refused as a parent: its download does not match the sha256 "
-                            f"manifest registered with it: {'; '.join(problems[:5])}")
-    return found[0].parent
+    bundle, _, problems = download_verified(client, mv, tracking_uri=tracking_uri, dst=dst)
+    if problems:
+        raise RegistryError(f"models:/{mv.name}/{mv.version} refused as a parent: its download does not match the "
+                            f"sha256 manifest registered with it: {'; '.join(problems[:5])}")
+    return bundle
 
 
 def _train_run_model(client: Any, mv: Any, bundle: Path, tracking_uri: str, dst: Path) -> Path:

@@ -481,20 +481,15 @@ def registered_version(name: str, alias: str, *, tracking_uri: str) -> str:
         raise RegistryError(f"models:/{name}@{alias} not found in {tracking_uri}: {' '.join(str(e).split())[:300]}") from None
 
 
-def download_registered_bundle(name: str, alias: str, *, tracking_uri: str, dst: str | Path) -> tuple[str, Path]:
-    """``(version, bundle folder)``: the serving bundle of ``models:/name@alias`` downloaded into ``dst`` and
-    checked against the sha256 manifest registered with it (``verify_manifest``; a version registered
-    before aiayn recorded manifests is served unverified, with a warning). Raises ``RegistryError``
-    (unreachable, no such alias, no bundle in the model, a download that does not match: ``dst`` is then
-    deleted, nothing of it is served)."""
-    version = registered_version(name, alias, tracking_uri=tracking_uri)
+def download_verified(client: Any, mv: Any, *, tracking_uri: str, dst: str | Path) -> tuple[Path, str | None, list[str]]:
+    """The artifacts of the model version ``mv`` downloaded into ``dst``: ``(bundle folder, the sha256 of the manifest registered
+    with it or None, verify_manifest's problems against it)``. The caller decides what a problem means.
+    Raises ``RegistryError`` for a failed download or a model without a serving bundle (``bundle.json``)."""
     import mlflow.artifacts
 
-    from mlflow import MlflowClient
-
+    name, version = mv.name, mv.version
+    expected = (mv.tags or {}).get(MANIFEST_SHA256_TAG)
     try:
-        client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-        expected = (client.get_model_version(name, version).tags or {}).get(MANIFEST_SHA256_TAG)
         source = client.get_model_version_download_uri(name, version)
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst), tracking_uri=tracking_uri))
     except Exception as e:  # noqa: BLE001 - one message for every transport failure
@@ -502,13 +497,32 @@ def download_registered_bundle(name: str, alias: str, *, tracking_uri: str, dst:
     found = sorted(local.rglob("bundle.json"))
     if not found:
         raise RegistryError(f"models:/{name}/{version} holds no serving bundle (bundle.json)")
+    manifest = min(local.rglob(MANIFEST_FILE), key=lambda p: len(p.parts), default=local / MANIFEST_FILE)
+    problems = verify_manifest(found[0].parent, manifest, expected) if expected is not None else []
+    return found[0].parent, expected, problems
+
+
+def download_registered_bundle(name: str, alias: str, *, tracking_uri: str, dst: str | Path) -> tuple[str, Path]:
+    """``(version, bundle folder)``: the serving bundle of ``models:/name@alias`` downloaded into ``dst`` and
+    checked against the sha256 manifest registered with it (``verify_manifest``; a version registered
+    before aiayn recorded manifests is served unverified, with a warning). Raises ``RegistryError``
+    (unreachable, no such alias, no bundle in the model, a download that does not match: ``dst`` is then
+    deleted, nothing of it is served)."""
+    version = registered_version(name, alias, tracking_uri=tracking_uri)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        mv = client.get_model_version(name, version)
+    except Exception as e:  # noqa: BLE001 - one message for every transport failure
+        raise RegistryError(f"could not download models:/{name}/{version}: {type(e).__name__}: {e}") from None
+    bundle, expected, problems = download_verified(client, mv, tracking_uri=tracking_uri, dst=dst)
     if expected is None:
         log.warning("models:/%s/%s has no %s tag (registered before aiayn recorded manifests): served unverified",
                     name, version, MANIFEST_SHA256_TAG)
-    elif problems := verify_manifest(found[0].parent, min(local.rglob(MANIFEST_FILE), key=lambda p: len(p.parts),
-                                                          default=local / MANIFEST_FILE), expected):
+    elif problems:
         shutil.rmtree(dst, ignore_errors=True)
         more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
         raise RegistryError(f"models:/{name}/{version} refused, not served: its download does not match the sha256 "
                             f"manifest registered with it: {'; '.join(problems[:5])}{more}")
-    return version, found[0].parent
+    return version, bundle
