@@ -26,7 +26,7 @@ from aiayn.tracking.registry import CHAMPION, RegistryError
 from aiayn.tracking.registry_lock import RegistryLockTimeout, model_lock
 from aiayn.tracking.store import http_unreachable
 
-__all__ = ["ChampionHistoryError", "open_registry", "promote", "history", "previous_champion", "rollback"]
+__all__ = ["ChampionHistoryError", "open_registry", "current_version", "promote", "history", "previous_champion", "rollback"]
 
 #: Seconds ``history`` waits for the registry lock to write a repair (else it answers with the repair unwritten).
 HISTORY_LOCK_WAIT_S = 10.0
@@ -57,7 +57,8 @@ def _existing_version(client: Any, name: str, version: str) -> Any:
         raise
 
 
-def _current(client: Any, name: str, alias: str) -> str | None:
+def current_version(client: Any, name: str, alias: str = CHAMPION) -> str | None:
+    """The version ``alias`` of ``name`` points at now; None when there is none (or no such model)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -135,7 +136,7 @@ def rollback(client: Any, name: str, *, tracking_uri: str, to_version: str | Non
     version does not exist: nothing changed then."""
     with model_lock(client, name, tracking_uri):
         repair(client, name)
-        current = _current(client, name, CHAMPION)
+        current = current_version(client, name)
         target = str(to_version) if to_version is not None else previous_champion(events(client, name), current)
         if target is None:
             now = f"the champion is version {current}" if current is not None else "it has no champion"

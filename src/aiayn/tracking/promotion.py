@@ -15,7 +15,7 @@ from typing import Any
 
 from aiayn.tracking.registry import BUNDLE_SHA256_TAG, CHAMPION, PROMOTION_GATE_TAG, RegistryError
 
-__all__ = ["GATE_ACTOR", "challenger_version", "champion_version", "apply_gate_decision"]
+__all__ = ["GATE_ACTOR", "challenger_version", "apply_gate_decision"]
 
 #: The champion history's actor of a gate's promotion.
 GATE_ACTOR = "promotion-gate"
@@ -27,19 +27,6 @@ def _client(tracking_uri: str) -> Any:
     from aiayn.tracking.champion_history import open_registry
 
     return open_registry(tracking_uri)
-
-
-def champion_version(client: Any, name: str) -> str | None:
-    """The version ``champion`` points at now, None when there is none (or no such model)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        version = (client.get_registered_model(name).aliases or {}).get(CHAMPION)
-    except MlflowException as e:
-        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
-            return None
-        raise
-    return None if version is None else str(version)
 
 
 def challenger_version(name: str, bundle_sha256: str, *, tracking_uri: str) -> str:
@@ -72,10 +59,10 @@ def apply_gate_decision(decision: Mapping[str, Any], *, name: str, version: str,
     numbers, ``run_id`` = the gate's MLflow run). ``parent_version``: the champion the challenger was compared
     with; a champion that moved since is never replaced (``RegistryError``, nothing changed).
     Returns ``{"promoted", "version", "champion_before", "champion", "event"}``."""
-    from aiayn.tracking.champion_history import promote
+    from aiayn.tracking.champion_history import current_version, promote
 
     client = _client(tracking_uri)
-    before = champion_version(client, name)
+    before = current_version(client, name)
     if before != (None if parent_version is None else str(parent_version)):
         raise RegistryError(f"the champion of {name} moved from version {parent_version} to {before} while the gate "
                             f"ran: nothing changed; run the gate again")
@@ -86,4 +73,4 @@ def apply_gate_decision(decision: Mapping[str, Any], *, name: str, version: str,
         event = promote(client, name, str(version), tracking_uri=tracking_uri, alias=CHAMPION, reason=summary,
                         metrics=dict(metrics), run_id=run_id, actor=GATE_ACTOR)
     return {"promoted": bool(decision["promote"]), "version": str(version), "champion_before": before,
-            "champion": champion_version(client, name), "event": event}
+            "champion": current_version(client, name), "event": event}
