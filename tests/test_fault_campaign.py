@@ -119,9 +119,24 @@ def runs(root: Path) -> dict[str, tuple[str, str]]:
     return {run_id: (status, stage) for run_id, status, stage in rows}
 
 
+#: DVC runs a stage's command through ``$SHELL -c`` (``/bin/sh`` when unset, as on CI). bash ``exec``s a lone
+#: command, so DVC sees the stage process's own death, ``-9``; dash waits for it and exits 128 + 9 = ``137``.
+#: Both are a SIGKILL; the test runs under ``/bin/sh`` (a user's shell is either) so a host's login shell does
+#: not pick which one it meets.
+STAGE_SHELL = "/bin/sh"
+KILLED = re.compile(r"failed to reproduce '([^']+)': failed to run: .*, exited with (?:-9|137)\b")
+
+
+def killed_in(text: str) -> str | None:
+    """The stage ``dvc repro``'s output says was killed by SIGKILL (either way a shell reports it), or None."""
+    found = KILLED.search(text)
+    return found.group(1) if found else None
+
+
 def repro(root: Path, env: dict, point: str | None, *targets: str) -> subprocess.CompletedProcess:
     """``dvc repro [targets]`` in ``root``; ``point``: the kill point armed in every stage process it starts."""
     run_env = {k: v for k, v in env.items() if k != FAULT_POINT_ENV} | ({FAULT_POINT_ENV: point} if point else {})
+    run_env["SHELL"] = STAGE_SHELL
     return subprocess.run([str(BIN / "dvc"), "repro", *targets], cwd=root, env=run_env, capture_output=True,
                           text=True, timeout=HANG_S)
 
@@ -149,8 +164,8 @@ class Chain:
                 proc = repro(self.root, self.env, point)
                 text = proc.stdout + proc.stderr
                 self.ran |= set(re.findall(r"Running stage '([^']+)'", text))
-                killed = proc.returncode != 0 and f"failed to reproduce '{stage}'" in text and "-9" in text
-                assert killed, f"{point}: dvc repro should have died (-9) in {stage}\n{text[-4000:]}"
+                assert proc.returncode != 0 and killed_in(text) == stage, \
+                    f"{point}: dvc repro should have died (SIGKILL) in {stage}\n{text[-4000:]}"
                 open_runs = [r for r, (st, s) in runs(self.root).items() if st == "RUNNING" and s == stage and r not in before]
                 self.rows.append({"stage": stage, "point": point, "open_runs": open_runs, "checked": False})
                 self.check(_stages_done(proc))
@@ -215,6 +230,23 @@ def _chain_copy(base: Path, dest: Path, first: str) -> Path:
         for out in outs(root, stage):
             shutil.rmtree(out) if out.is_dir() else out.unlink(missing_ok=True)
     return root
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "/bin/bash"])
+def test_a_stage_killed_by_sigkill_is_read_as_killed_under_either_shell(tmp_path, shell):
+    """dvc repro of a stage that SIGKILLs itself, its command run by dash (DVC sees 137) or bash (-9)."""
+    if not Path(shell).exists():
+        pytest.fail(f"{shell} is missing: the campaign reads DVC's report of a stage run through it")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"dies": {
+        "cmd": f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'",
+        "outs": ["out.txt"]}}}))
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path), "SHELL": shell, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=tmp_path, env=env, check=True, timeout=HANG_S)
+    proc = subprocess.run([str(BIN / "dvc"), "repro"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=HANG_S)
+    assert proc.returncode != 0
+    assert killed_in(proc.stdout + proc.stderr) == "dies", proc.stdout + proc.stderr
+    assert killed_in("ERROR: failed to reproduce 'dies': failed to run: x, exited with 1") is None
 
 
 @pytest.mark.timeout(2400)
