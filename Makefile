@@ -18,7 +18,7 @@ TEST_WORKERS ?= 2
 ## which --no-deps would leave without its CUDA libraries ("libcudnn.so.9: cannot open shared object").
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: help install system-deps run adapt test test-fast test-services ui clean
+.PHONY: help install system-deps run adapt test test-fast test-services test-heavy ui clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -65,14 +65,19 @@ adapt: install
 	$(if $(PARAMS),cp $(PARAMS) params.yaml && python -m aiayn.cli.main check &&) python -m pipelines.adapt_flow$(if $(FORCE), --force)
 
 ## Every CPU tier: unit, slow (whole smoke pipelines), faults (kill -9 in every stage) and services (a real Prefect server). CI runs this.
+## Not the `heavy` cases (make test-heavy) nor `gpu`.
 ## Two processes (tests/conftest.py groups them: a module per process, the services tier together);
 ## the summary ends with each tier's time and the host's 2-thread matmul GFLOP/s.
 test: install system-deps
-	$(PY) -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu and not heavy" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## The quick unit tier (pytest's default markers): for the edit-test loop.
 test-fast: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The heavy cases: another corpus, pair or architecture through a whole pipeline (~12 min on 2 cores).
+test-heavy: install
+	$(PY) -m pytest -m heavy -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 ## The services tier alone (a real Prefect server, PostgreSQL, the MLflow UI in Chromium).
 test-services: install system-deps

@@ -176,11 +176,11 @@ def smoke_pipeline(tmp_path_factory, prefect_harness, multi30k_mirror) -> dict:
 def _tier(report) -> str:
     keywords = getattr(report, "keywords", {})
     return ("services" if "services" in keywords else "faults" if "faults" in keywords
-            else "slow" if "slow" in keywords else "unit")
+            else "heavy" if "heavy" in keywords else "slow" if "slow" in keywords else "unit")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Per tier (unit, slow, services): tests, failures and the summed test time (setup + call +
+    """Per tier (unit, slow, heavy, faults, services): tests, failures and the summed test time (setup + call +
     teardown; with ``-n 2`` two tests run at once, so the sums exceed the wall time), and the
     host line (``aiayn.host``), so a slow or failing run says where its time went."""
     seconds: dict[str, float] = {}
@@ -199,7 +199,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     from aiayn.host import host_info
 
     terminalreporter.section("time per tier")
-    for tier in ("unit", "slow", "faults", "services"):
+    for tier in ("unit", "slow", "heavy", "faults", "services"):
         if tier in seconds:
             terminalreporter.write_line(f"{tier:9s} {len(tests[tier]):4d} tests {failed.get(tier, 0):3d} failed "
                                         f"{seconds[tier]:8.1f} s summed")

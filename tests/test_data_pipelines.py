@@ -61,6 +61,7 @@ def _tiny_config(path: Path, corpus: dict) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_each_local_format_trains_through_dvc_repro(tmp_path, prefect_harness, multi30k_mirror):
     from support.scratch import scratch_project
 
@@ -129,6 +130,7 @@ def multi30k_project(tmp_path, prefect_harness, multi30k_mirror):
     return root, env
 
 
+@pytest.mark.heavy
 def test_en_fr_registers_its_own_model_and_leaves_the_en_de_champion(multi30k_project):
     from mlflow.tracking import MlflowClient
 
@@ -148,6 +150,7 @@ def test_en_fr_registers_its_own_model_and_leaves_the_en_de_champion(multi30k_pr
     assert card["name"] == "aiayn-en-fr" and card["corpus"]["pair"] == "en-fr" and card["corpus"]["kind"] == "multi30k"
 
 
+@pytest.mark.heavy
 def test_en_cs_runs_on_the_splits_czech_has(multi30k_project):
     root, env = multi30k_project
     env = env | {"AIAYN_TRACKING": "0"}

@@ -293,6 +293,7 @@ def test_drift_detector_on_real_shifts_with_the_pipeline_reference(project, mult
     assert flagged(shifted) == ["drift"] * len(shifted)
 
 
+@pytest.mark.heavy
 def test_temp_experiment_with_alibi_positions_tracks_into_the_projects_store(own_project):
     """`dvc exp run --temp` runs the stages in a copy under .dvc/tmp/exps and deletes it: its MLflow runs
     must land in the project's store. The variant is a model DVC must retrain: ALiBi positions,
