@@ -98,3 +98,25 @@ def test_a_given_output_reference_that_is_missing_stops_the_start(bundle, tmp_pa
                       output_reference=tmp_path / "nope.json")
     with pytest.raises(ValueError, match=r"output reference .*nope\.json is unusable"):
         create_app(cfg)
+
+
+def test_without_output_signals_the_answers_are_logged_and_nothing_is_judged(bundle, tmp_path, monkeypatch):
+    """``aiayn serve --no-output-signals``: the answer is still logged beside its source, with no signals, and
+    /metrics judges nothing even with this model's thresholds present."""
+    from aiayn.io import sha256_file
+
+    monkeypatch.chdir(tmp_path)
+    _reference(tmp_path / "artifacts" / "monitor_reference" / "output_reference.json", sha256_file(bundle / "bundle.json"))
+    cfg = ServeConfig(bundle=bundle, log_path=tmp_path / "requests.db", poll_s=0, output_signals=False)
+    sentences = ["a b c d", "", "e f g"]
+    with TestClient(create_app(cfg)) as client:
+        r = client.post("/translate", content=json.dumps({"sentences": sentences}),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        answered = r.json()["translations"]
+        m = _metrics(client)
+    with open_request_log(cfg.log_path, read_only=True) as log:
+        rows = log.latest(10)
+    assert [row.source for row in rows] == sentences and [row.output for row in rows] == answered
+    assert [row.signals for row in rows] == [None, None, None]
+    assert m["aiayn_output_thresholds_missing"] == 0.0 and m["aiayn_judged_answers_total"] == 0.0

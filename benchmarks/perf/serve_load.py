@@ -27,7 +27,11 @@ settings, rounds alternating before/after; the table gives sentences/s and p95 o
     python benchmarks/perf/serve_load.py --bundle artifacts/export --clients 1 32 100 --rounds 5 --before 5039383
 
 ``--serve-args=--no-scores`` adds flags to this checkout's service only (e.g. the cost of a score in every
-answer, measured against a service before it had one).
+answer, measured against a service before it had one). ``--before .`` is this checkout on both sides, so
+``--before-args`` (flags of the before side only) measures one feature's cost in the same code, e.g. the output
+signals against plain decoding:
+
+    python benchmarks/perf/serve_load.py --clients 1 32 --rounds 5 --before . --before-args=--no-output-signals
 """
 
 from __future__ import annotations
@@ -119,29 +123,29 @@ def export_revision(rev: str, dst: Path) -> Path:
     return dst
 
 
-def service_command(root: Path | None, args: argparse.Namespace, port: int,
-                    log: Path) -> tuple[list[str], dict[str, str] | None]:
+def service_command(root: Path | None, args: argparse.Namespace, port: int, log: Path,
+                    extra: str = "") -> tuple[list[str], dict[str, str] | None]:
     """``(command, environment)`` of ``aiayn serve`` of this checkout (``root`` None: this venv's ``aiayn``, this
-    environment) or of the exported tree ``root`` (``python -m aiayn`` with ``PYTHONPATH`` on that tree, which
-    Python searches before this checkout's editable install)."""
+    environment, with the flags ``extra``) or of the exported tree ``root`` (``python -m aiayn`` with
+    ``PYTHONPATH`` on that tree, which Python searches before this checkout's editable install)."""
     serve = ["serve", "--bundle", str(args.bundle), "--port", str(port), "--poll-s", "0",
              "--max-batch-sentences", str(args.max_batch_sentences), "--max-wait-ms", str(args.max_wait_ms),
              "--workers", str(args.workers), "--threads", str(args.threads), "--log-path", str(log)]
     if root is None:
-        return [str(BIN / "aiayn"), *serve, *args.serve_args.split()], None
+        return [str(BIN / "aiayn"), *serve, *extra.split()], None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), str(root), os.environ.get("PYTHONPATH")]))}
-    return [sys.executable, "-m", "aiayn", *serve], env
+    return [sys.executable, "-m", "aiayn", *serve, *extra.split()], env
 
 
 def before_after(args: argparse.Namespace, lines: list[str], tmp: Path) -> int:
     """``--before REV``: the two services, alternating rounds; prints the comparison table."""
-    old_root = export_revision(args.before, tmp / "before")
+    old_root = None if args.before == "." else export_revision(args.before, tmp / "before")
     sides = {}
     try:
-        for name, root in (("before", old_root), ("after", None)):
+        for name, root, extra in (("before", old_root, args.before_args), ("after", None, args.serve_args)):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd, env = service_command(root, args, port, tmp / f"{name}.db")
+            cmd, env = service_command(root, args, port, tmp / f"{name}.db", extra)
             sides[name] = (start_service(cmd, url, tmp / f"{name}.log", env=env), url)
         for _, url in sides.values():  # warm-up of both
             asyncio.run(run_clients(url, requests_for(lines, 20, 0), 4))
@@ -162,7 +166,9 @@ def before_after(args: argparse.Namespace, lines: list[str], tmp: Path) -> int:
         for server, _ in sides.values():
             stop_service(server)
     after = f"this checkout with {args.serve_args}" if args.serve_args else "this checkout"
-    print(f"Before = git {args.before}, after = {after}. Requests of 1-{args.most} sentences, {args.rounds} "
+    before = "this checkout" if args.before == "." else f"git {args.before}"
+    before += f" with {args.before_args}" if args.before_args else ""
+    print(f"Before = {before}, after = {after}. Requests of 1-{args.most} sentences, {args.rounds} "
           f"alternating rounds of {args.requests} requests (at least 2 per client); bundle {args.bundle}; service: "
           f"max batch {args.max_batch_sentences}, max wait {args.max_wait_ms} ms, workers {args.workers}, "
           f"threads {args.threads}. sent/s: median (min-max) of the rounds; p95 over every request of the rounds.")
@@ -220,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", metavar="REV", help="compare with the service of git revision REV (see above)")
     ap.add_argument("--serve-args", default="", help="with --before: more `aiayn serve` flags for this checkout's "
                     "service, e.g. --serve-args=--no-scores")
+    ap.add_argument("--before-args", default="", help="with --before: `aiayn serve` flags of the before side only, "
+                    "e.g. --before-args=--no-output-signals")
     args = ap.parse_args(argv)
 
     lines = [x for x in args.sources.read_text(encoding="utf-8").splitlines() if x.strip()]

@@ -455,6 +455,7 @@ def serve(
     retention_days: Annotated[float, typer.Option(help="Delete logged requests older than this (days).")] = 30.0,
     prune_every_s: Annotated[Optional[float], typer.Option(help="How often retention runs (seconds; default a tenth of --retention-days, 1 s to 1 h).")] = None,
     scores: Annotated[bool, typer.Option("--scores/--no-scores", help="A score per translation in every answer (CTranslate2 bundles: one more teacher-forced pass, ~1.2x decode time; n_best answers are always scored).")] = True,
+    output_signals: Annotated[bool, typer.Option("--output-signals/--no-output-signals", help="Compute each answer's output signals (aiayn.quality.signals), keep them in the request log and count flagged answers in /metrics; off: the answer alone is logged and the output check has nothing to judge.")] = True,
     output_reference: Annotated[Optional[Path], typer.Option(help="The drift monitor's output reference whose thresholds count flagged answers in /metrics (default: artifacts/monitor_reference/output_reference.json when it exists; a reference calibrated on another model is not used).")] = None,
 ) -> None:
     """Serve translations over HTTP (POST /translate) with micro-batching and a durable request log."""
@@ -479,7 +480,7 @@ def serve(
                       max_request_tokens=max_request_tokens, body_timeout_s=body_timeout_s, drain_s=drain_s,
                       poll_s=poll_s, log_path=log_path, log_url=log_url or Settings.from_env().request_log_url,
                       retention_days=retention_days, prune_every_s=prune_every_s, scores=scores,
-                      output_reference=output_reference)
+                      output_reference=output_reference, output_signals=output_signals)
     try:
         run_service(cfg, sock)
     except Exception as e:  # noqa: BLE001 - start-up failures (registry unreachable, bad bundle): one line

@@ -301,7 +301,8 @@ def _log_answer(state: _State, model: ServedModel, request_id: str, req: Transla
     (``aiayn.quality.signals``), then counts the flagged ones (``aiayn.serving.output_flags``); raises
     ``LogWriteError`` (nothing counted)."""
     signals = line_signals(prepared.spans, prepared.units, hyps, answer["translations"], scored=job.scores,
-                           target_lang=model.target_lang, language=state.language())
+                           target_lang=model.target_lang, language=state.language()) \
+        if state.cfg.output_signals else [None] * len(req.sentences)
     state.log.write(request_id, ts=time.time(), model=model.public, beam_size=job.options.beam_size,
                     sources=[clean_line(s) for s in req.sentences], source_tokens=src_tokens,
                     output_tokens=out_tokens, outputs=answer["translations"], signals=signals)

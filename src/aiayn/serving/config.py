@@ -38,6 +38,7 @@ class ServeConfig:
     drain_s: float = 30.0  # graceful shutdown: requests in flight get this long to finish
     scores: bool = True  # a score per translation in every answer (costs one teacher-forced pass: module doc)
     output_reference: Path | None = None  # thresholds of /metrics' flagged answers (aiayn.serving.output_flags)
+    output_signals: bool = True  # each answer's output signals, logged and counted; off: the answer alone is logged
 
     @property
     def log_target(self) -> str | Path:
