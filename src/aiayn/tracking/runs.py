@@ -21,8 +21,10 @@ no-op.
 
 A *required* run (``required=True``; the stage entry points, ``aiayn <stage>`` and the Prefect stage
 flows, ask for one) is never silently missing: a store unreachable when the run starts (after the
-probe's bounded tries, ``aiayn.tracking.store``) raises ``TrackingLostError`` before the stage's work; a
-store lost mid-run (MLflow's HTTP client retries twice, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) lets the
+probe's bounded tries, ``aiayn.tracking.store``) raises ``TrackingLostError`` at once, with no warning before
+it (nothing was disabled: the stage fails), before the work that follows the ``with`` (a stage that records
+after writing its outputs, as prepare and export do, has written them; they are not trusted: ``dvc repro``
+records nothing and runs it again); a store lost mid-run (MLflow's HTTP client retries twice, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``) lets the
 stage finish its work and write its outputs, then raises ``TrackingLostError`` when the ``with`` block
 ends, so the stage fails (``dvc repro`` records nothing and runs it again). Its run, left ``RUNNING`` in
 the store, is ended as ``KILLED`` by the next stage run that starts (``aiayn.tracking.orphans``).
@@ -255,7 +257,10 @@ class Tracker:
         self._why = self._why or why
         if not self._warned:
             self._warned = True
-            log.warning("MLflow tracking disabled for stage %r: %s", self.stage, why)
+            if self._required:  # the stage will fail when its run ends (``__exit__``): say so, not "disabled"
+                log.warning("MLflow run of stage %r lost: %s; the stage finishes its work, then fails", self.stage, why)
+            else:
+                log.warning("MLflow tracking disabled for stage %r: %s", self.stage, why)
 
     def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run an MLflow call; on any exception disable tracking (one warning) and return None."""
@@ -273,14 +278,19 @@ class Tracker:
         if not self._enabled:
             return self
         why = open_http(self.tracking_uri)
-        if why:
+        if why and self._required:  # the error below is the one message
+            self._why = why
+        elif why:
             self._disable(why)
         else:
             self._active = True
+            self._warned = self._required  # a run that cannot start fails at once, below: no warning first
             self._guard(self._start)
+            self._warned = False
         if self._required and self._why:
             raise TrackingLostError(f"stage {self.stage}: its MLflow run could not be started in {self.tracking_uri} "
-                                    f"({self._why}); nothing was run (AIAYN_TRACKING=0 runs it untracked)")
+                                    f"({self._why}); the stage fails unrecorded (rerun it once the store answers; "
+                                    "AIAYN_TRACKING=0 runs it untracked)")
         return self
 
     def _start(self) -> None:
