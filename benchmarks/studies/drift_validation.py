@@ -1,6 +1,7 @@
 """Validate the drift detector on real shifts: how often each kind of window is flagged.
 
-    python benchmarks/studies/drift_validation.py [--root .] [--corpus data/multi30k] [--set test|val] [--json OUT]
+    python benchmarks/studies/drift_validation.py [--root .] [--corpus data/multi30k] [--set test|val] [--outputs]
+                                                  [--json OUT]
 
 Needs the trained model and its reference (``dvc repro monitor_reference``). Uses the
 ``monitor`` block of ``params.yaml`` as it is. ``--set val`` is the tuning set (val English must
@@ -8,6 +9,13 @@ not drift; val German/French, upper-cased and noised val must); ``--set test`` i
 docs/studies/drift-thresholds.md (test sets, never used for tuning). Prints one row per case: windows flagged, the
 descriptors that drifted (how many windows each), median embedding statistic; ``--json`` keeps
 every window's summary (statistics included, so other thresholds can be read off it).
+
+``--outputs`` also runs the output check on each window, as ``aiayn monitor --input`` does: the serving bundle
+(else the trained model) answers the window, each answer's signals are judged against the output reference's
+thresholds (``monitoring.output_check.output_section``), and two more columns give the windows whose answers
+alarmed and the signals that did. The in-domain test windows (test_2016_flickr en, test_2017_flickr en: 20
+windows drawn with fixed seeds; val is the calibration set, so never its own judge) give each check's false-alarm
+rate side by side.
 """
 
 from __future__ import annotations
@@ -69,11 +77,26 @@ def mix(english: list[str], other: list[str], share: float, window: int, seed: i
     return out
 
 
+def output_verdicts(root: Path, params, windows: list[list[str]]) -> list[dict]:
+    """The output check's section (``monitoring.output_check.output_section``) of each window's answers."""
+    from monitoring.output_check import answer_signals, load_output_reference, output_section, served_translator
+    from monitoring.reference import reference_dir
+
+    layout = Layout(root)
+    reference = load_output_reference(reference_dir(layout))
+    if reference is None:
+        raise SystemExit("no output reference: run `dvc repro monitor_reference` first")
+    translator, options, _ = served_translator(params, layout)
+    return [output_section(reference, answer_signals(translator, options, w, reference["tgt_lang"])[1], params.monitor)
+            for w in windows]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", default=".")
     p.add_argument("--corpus", default=None, help="raw corpus folder (default: <root>/data/multi30k)")
     p.add_argument("--set", choices=("val", "test"), default="test")
+    p.add_argument("--outputs", action="store_true", help="also the output check on each window's answers")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -92,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"monitor params: stattest {cfg.stattest} threshold {cfg.stattest_threshold} {dict(cfg.thresholds)}, "
           f"drift_share {cfg.drift_share}, embeddings {cfg.embedding_method} "
           f"{cfg.embedding_threshold or 'default'}; reference {len(ref)} sentences")
+    more = ["answers alarmed", "signals that alarmed (windows)"] if args.outputs else []
     print(markdown_table(["windows", "sentences", "flagged", "descriptors that drifted (windows)", "embeddings drifted",
-                          f"median {cfg.embedding_method}", "s/check"], []))
+                          f"median {cfg.embedding_method}", "s/check", *more], []))
     for name, ws in cases(corpus, args.set, cfg.window_size).items():
         t0 = time.perf_counter()
         summaries = [check(w, ref, cfg, translator).summary for w in ws]
@@ -105,8 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         emb_drift = sum(e["drifted"] for e in emb)
         med = statistics.median(e["statistic"] for e in emb) if emb else float("nan")
         moved_txt = ", ".join(f"{k} {v}" for k, v in moved.most_common()) or "none"
+        cells = []
+        if args.outputs:
+            sections = output_verdicts(root, params, ws)
+            for s, section in zip(summaries, sections):
+                s["outputs"] = section
+            alarmed = Counter(a for section in sections for a in section.get("alarms", []))
+            cells = [f"{sum(x['verdict'] == 'alarm' for x in sections)}/{len(ws)}",
+                     ", ".join(f"{k} {v}" for k, v in alarmed.most_common()) or "none"]
         print(markdown_row([name, f"{len(ws)} x {len(ws[0])}", f"{flagged}/{len(ws)}", moved_txt, f"{emb_drift}/{len(emb)}",
-                            f"{med:.4g}", f"{seconds:.1f}"]), flush=True)
+                            f"{med:.4g}", f"{seconds:.1f}", *cells]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
