@@ -310,3 +310,18 @@ def test_an_adapted_model_registers_as_challenger_and_the_gate_decides(bundles, 
     assert str(client.get_model_version_by_alias(NAME, CHAMPION).version) == "2"
     with pytest.raises(RegistryError, match="is the champion already"):
         promotion_gate(_params(), layout, name=NAME, tracking_uri=uri)
+
+    # a nightly retrain (no init_from, far above the adapted champion on the gate split) does not take the
+    # champion back by the plain BLEU rule: the gate split cannot see the users' domain; after a rollback it can
+    from aiayn.tracking.champion_history import rollback
+
+    def nightly_bundle(k: int) -> Path:  # the challenger's model under another card: another bundle digest
+        return build_bundle(tmp_path / f"nightly-{k}", model_dir=layout.model, variant=EAGER, variant_dir=None,
+                            compute_type=None, decode=OPTIONS, card=tiny.CARD | {"description": f"nightly retrain {k}"})
+
+    nightly = register(nightly_bundle(1), 99.0, registry_provenance({}, "c0ffee", False))
+    assert nightly["alias"] == CHALLENGER and str(client.get_model_version_by_alias(NAME, CHAMPION).version) == "2"
+    assert "adapted to its users' domain" in history(client, NAME)[-1]["reason"]
+    rollback(client, NAME, tracking_uri=uri)
+    assert str(client.get_model_version_by_alias(NAME, CHAMPION).version) == "1"
+    assert register(nightly_bundle(2), 99.5, registry_provenance({}, "c0ffee", False))["alias"] == CHAMPION

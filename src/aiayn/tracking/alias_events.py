@@ -94,11 +94,14 @@ def version_metrics(tags: Mapping[str, str] | None) -> dict[str, float]:
 
 
 def registration_reason(alias: str, bleu: float, champion_bleu: float | None, *, gate_split: str,
-                        budget_cut: str | None) -> str:
+                        budget_cut: str | None, champion_adapted: bool = False) -> str:
     """Why a registration gave ``alias`` (``registry.choose_alias``'s rule, in words)."""
     score = f"bleu.{gate_split} {bleu:.2f}"
     if budget_cut:
         return f"registered: challenger, training cut ({budget_cut}); {score}"
+    if champion_adapted:
+        return (f"registered: challenger, the champion was adapted to its users' domain by the promotion gate and "
+                f"{score} cannot judge that domain (the gate or `aiayn registry rollback` moves it)")
     if champion_bleu is None:
         return f"registered: {score}, no champion with a bleu.{gate_split} tag"
     relation = ">=" if alias == "champion" else "<"

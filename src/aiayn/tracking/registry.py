@@ -90,14 +90,18 @@ log = logging.getLogger("aiayn.tracking")
 
 
 def choose_alias(new_bleu: float, champion_bleu: float | None, *, budget_cut: str | None = None,
-                 gated: bool = False) -> str:
+                 gated: bool = False, champion_adapted: bool = False) -> str:
     """The alias a new version gets: ``champion`` when there is no champion yet or
     ``new_bleu >= champion_bleu`` (a tie moves the alias: the newer pipeline run, with the newest code
     and data, wins at equal quality), else ``challenger``. A champion without a BLEU tag counts as absent.
     ``budget_cut`` (the ``train.budget_cut`` tag: ``max_time_s`` or ``signal``): training was cut, so the
     model is not the configured one; it is ``challenger`` whatever its BLEU (never served by default).
-    ``gated`` (``PROMOTION_GATE_TAG``): an adapted model, ``challenger`` until the promotion gate decides."""
-    if budget_cut or gated:
+    ``gated`` (``PROMOTION_GATE_TAG``): an adapted model, ``challenger`` until the promotion gate decides.
+    ``champion_adapted``: the champion was promoted by that gate (adapted to its users' domain, judged on their
+    split); a model registered without the gate (a nightly retrain) is ``challenger`` whatever its BLEU on the
+    gate split, which cannot see the domain the champion was adapted to (``aiayn registry rollback`` or the gate
+    move it)."""
+    if budget_cut or gated or champion_adapted:
         return CHALLENGER
     if champion_bleu is None or new_bleu >= champion_bleu:
         return CHAMPION
@@ -108,8 +112,8 @@ class RegistryError(RuntimeError):
     """The model registry cannot be reached, or has no version under the asked alias (one line)."""
 
 
-def _alias_bleu(client: Any, name: str, alias: str, gate_split: str) -> float | None:
-    """BLEU tag of the version ``alias`` points at; None when there is no such alias (or no tag)."""
+def _alias_tags(client: Any, name: str, alias: str) -> dict[str, str] | None:
+    """The tags of the version ``alias`` points at; None when there is no such alias."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -118,8 +122,7 @@ def _alias_bleu(client: Any, name: str, alias: str, gate_split: str) -> float | 
         if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
             return None
         raise
-    tag = (mv.tags or {}).get(f"bleu.{gate_split}")
-    return float(tag) if tag is not None else None
+    return dict(mv.tags or {})
 
 
 def translation_pyfunc_class(predictor: type) -> type:
@@ -344,10 +347,13 @@ def _move_alias(client: Any, name: str, version: str, *, bleu: float, gate_split
     ``version`` (a writer outside the lock moved it), decide again (3 tries).
     Returns ``(alias, champion BLEU before)``."""
     for _ in range(3):
-        champion_bleu = _alias_bleu(client, name, CHAMPION, gate_split)
-        alias = choose_alias(bleu, champion_bleu, budget_cut=budget_cut, gated=gated)
+        champion = _alias_tags(client, name, CHAMPION) or {}
+        champion_bleu = float(champion[f"bleu.{gate_split}"]) if f"bleu.{gate_split}" in champion else None
+        adapted = not gated and champion.get(PROMOTION_GATE_TAG) == "promoted"
+        alias = choose_alias(bleu, champion_bleu, budget_cut=budget_cut, gated=gated, champion_adapted=adapted)
         reason = (f"registered: challenger, the promotion gate decides; bleu.{gate_split} {bleu:.2f}" if gated else
-                  registration_reason(alias, bleu, champion_bleu, gate_split=gate_split, budget_cut=budget_cut))
+                  registration_reason(alias, bleu, champion_bleu, gate_split=gate_split, budget_cut=budget_cut,
+                                      champion_adapted=adapted))
         record_move(client, name, version, alias=alias, kind="register", run_id=run_id,
                     metrics={f"bleu.{gate_split}": bleu}, reason=reason)
         if str(client.get_model_version_by_alias(name, alias).version) == str(version):
