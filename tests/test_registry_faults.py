@@ -285,3 +285,22 @@ def test_a_damaged_bundle_is_refused_never_served(world, tmp_path, monkeypatch, 
     message = str(refused.value)
     assert "ct2/model.bin" in message and "sha256" in message and NAME in message and "\n" not in message, message
     assert not any((tmp_path / "bad").rglob("model.bin")), "the refused download must not stay on disk"
+
+
+
+def test_the_default_store_and_its_lock_files_are_ignored_by_git():
+    """What a run leaves beside the project's default MLflow store (the SQLite file, its lock and the registry
+    lock, ``aiayn.tracking.registry_lock``) is not shown as untracked by ``git status`` after ``make run``."""
+    import subprocess
+
+    from aiayn.tracking import resolve_tracking_uri
+    from aiayn.tracking.registry_lock import file_lock_path
+
+    repo = Path(__file__).resolve().parents[1]
+    uri = resolve_tracking_uri(repo, None)
+    db = Path(uri.removeprefix("sqlite:///"))
+    paths = [db, db.with_name(db.name + ".lock"), file_lock_path(uri)]
+    for path in paths:
+        rel = str(path.relative_to(repo))
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=repo, capture_output=True)
+        assert ignored.returncode == 0, f"{rel} is not ignored by .gitignore"

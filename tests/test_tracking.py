@@ -686,18 +686,3 @@ def test_the_pipeline_run_description_opens_with_the_budget(tmp_path: Path, stor
     described = tracking.parent.describe_pipeline({}, {"data.corpus.kind": "hf", "data.corpus.pair": "en-fr",
                                                        "data.corpus.revision": "abc123", "data.version": "d.dir"})
     assert "Corpus: kind hf, pair en-fr, revision abc123. Data version: `d.dir`" in described
-
-
-def test_the_default_store_and_its_lock_files_are_ignored_by_git():
-    """What a run leaves beside the project's default MLflow store (the SQLite file, its lock and the registry
-    lock, ``aiayn.tracking.registry_lock``) is not shown as untracked by ``git status`` after ``make run``."""
-    from aiayn.tracking.registry_lock import file_lock_path
-
-    repo = Path(__file__).resolve().parents[1]
-    uri = resolve_tracking_uri(repo, None)
-    db = Path(uri.removeprefix("sqlite:///"))
-    paths = [db, db.with_name(db.name + ".lock"), file_lock_path(uri)]
-    for path in paths:
-        rel = str(path.relative_to(repo))
-        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=repo, capture_output=True)
-        assert ignored.returncode == 0, f"{rel} is not ignored by .gitignore"
