@@ -28,15 +28,19 @@ def bundle(tmp_path_factory):
     return tiny.ct2_bundle(root, layout, tok, OPTIONS)
 
 
+def _translate(client, sentences: list[str]) -> list[str]:
+    """POST /translate with ``sentences``; the answered translations (a 200 asserted)."""
+    r = client.post("/translate", content=json.dumps({"sentences": sentences}), headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    return r.json()["translations"]
+
+
 @pytest.mark.parametrize("scores", [True, False])
 def test_answers_are_logged_with_their_signals(bundle, tmp_path, scores):
     cfg = ServeConfig(bundle=bundle, log_path=tmp_path / "requests.db", poll_s=0, scores=scores)
     sentences = ["a b c d", "", "e f g"]
     with TestClient(create_app(cfg)) as client:
-        r = client.post("/translate", content=json.dumps({"sentences": sentences}),
-                        headers={"content-type": "application/json"})
-        assert r.status_code == 200, r.text
-        answered = r.json()["translations"]
+        answered = _translate(client, sentences)
     with open_request_log(cfg.log_path, read_only=True) as log:
         rows = log.latest(10)
     assert [row.source for row in rows] == sentences and [row.output for row in rows] == answered
@@ -110,10 +114,7 @@ def test_without_output_signals_the_answers_are_logged_and_nothing_is_judged(bun
     cfg = ServeConfig(bundle=bundle, log_path=tmp_path / "requests.db", poll_s=0, output_signals=False)
     sentences = ["a b c d", "", "e f g"]
     with TestClient(create_app(cfg)) as client:
-        r = client.post("/translate", content=json.dumps({"sentences": sentences}),
-                        headers={"content-type": "application/json"})
-        assert r.status_code == 200, r.text
-        answered = r.json()["translations"]
+        answered = _translate(client, sentences)
         m = _metrics(client)
     with open_request_log(cfg.log_path, read_only=True) as log:
         rows = log.latest(10)
