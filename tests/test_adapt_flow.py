@@ -132,6 +132,12 @@ def test_the_adapted_run_reads_the_reviewed_corpus_from_the_champion(tmp_path):
     (root / "data" / "reviewed" / "test_news.tsv").unlink()
     with pytest.raises(AdaptError, match=r"test_news.tsv not found: put the new domain's test pairs there"):
         prepare_corpus(params, root, root / "artifacts" / "prepared")
+    # reviewed answers to a test split's own sentences: prepare would drop every pair as test-contaminated
+    (root / "data" / "reviewed" / "test_news.tsv").write_text("the news\tdie Nachrichten\n")
+    (root / "data" / "reviewed" / "train.tsv").write_text("a test_2017_mscoco dog\tein Hund im Bild\n")
+    with pytest.raises(AdaptError, match=r"every one of the 1 reviewed sources .* \(test_2017_mscoco holds 1\): "
+                                         r"prepare would drop them all as test-contaminated; take that split out"):
+        prepare_corpus(params, root, root / "artifacts" / "prepared")
     unset = params.model_copy(update={"adapt": params.adapt.model_copy(update={
         "gate": params.adapt.gate.model_copy(update={"new_domain_split": None})})})
     with pytest.raises(AdaptError, match="adapt.gate.new_domain_split is not set"):

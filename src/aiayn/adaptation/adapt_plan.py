@@ -101,7 +101,25 @@ def prepare_corpus(params: Params, root: Path, prepared: Path) -> list[str]:
         if not out.is_file():
             _tsv_from_prepared(params, Path(prepared), split, out)
             written.append(split)
+    _check_not_all_test_sources(corpus, [folder / f"{s}.tsv" for s in dict.fromkeys((new, *params.adapt.gate.old_splits))])
     return written
+
+
+def _check_not_all_test_sources(corpus: Path, tests: list[Path]) -> None:
+    """``AdaptError`` when every reviewed pair's source is a source of the adapted run's test splits: the prepare
+    stage drops a train pair whose source a test split holds (``data.decontaminate``), so none would be left. Names
+    each split and how many reviewed sources it holds (reviewed answers to a split's own sentences: take that split
+    out of ``adapt.gate.old_splits``, or review other traffic)."""
+    def sources(path: Path) -> list[str]:
+        return [line.split("\t", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    reviewed = set(sources(corpus))
+    held = {t.stem: len(reviewed & set(sources(t))) for t in tests if t.is_file()}
+    if reviewed and reviewed <= {s for t in tests if t.is_file() for s in sources(t)}:
+        named = ", ".join(f"{split} holds {n}" for split, n in held.items() if n)
+        raise AdaptError(f"every one of the {len(reviewed)} reviewed sources in {corpus} is a test sentence of the "
+                         f"adapted run ({named}): prepare would drop them all as test-contaminated; take that split "
+                         "out of adapt.gate.old_splits (or adapt.gate.new_domain_split), or review other sentences")
 
 
 def restore_interrupted_adaptation(root: Path, *, locked: bool = False) -> bool:
