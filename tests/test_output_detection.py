@@ -131,12 +131,14 @@ def test_char_noise_is_seeded_and_changes_about_its_rate():
 
 
 def test_shuffle_keeps_the_words_and_changes_their_order():
+    from support.drift_inputs import upper
+
     out = ds.shuffle_words(SENTENCES, seed=2)
     assert out == ds.shuffle_words(SENTENCES, seed=2)
     for s, o in zip(SENTENCES, out):
         assert sorted(s.split()) == sorted(o.split())
         assert o != s or len(set(s.split())) < 2
-    assert out[2] == "Hi" and ds.upper(["a b"]) == ["A B"]
+    assert out[2] == "Hi" and upper(["a b"]) == ["A B"]
 
 
 def test_sample_indices_are_seeded_sorted_and_unique():
@@ -149,6 +151,8 @@ def test_sample_indices_are_seeded_sorted_and_unique():
 
 
 def test_early_checkpoint_only_when_well_below_the_final_step(tmp_path):
+    from aiayn.checkpoint import checkpoint_step
+
     model, ckpts = tmp_path / "model", tmp_path / "checkpoints"
     model.mkdir(), ckpts.mkdir()
     (model / "model.json").write_text(json.dumps({"step": 1000}))
@@ -159,7 +163,7 @@ def test_early_checkpoint_only_when_well_below_the_final_step(tmp_path):
     assert path is None and "step 600" in note
     (ckpts / "ckpt_00000500.json").write_text("{}")
     path, note = ds.early_checkpoint(model, ckpts)
-    assert path.name == "ckpt_00000500.json" and ds.checkpoint_step(path) == 500 and "500 of 1000" in note
+    assert path.name == "ckpt_00000500.json" and checkpoint_step(path) == 500 and "500 of 1000" in note
 
 
 class _Tiny(torch.nn.Module):

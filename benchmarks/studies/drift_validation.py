@@ -77,8 +77,9 @@ def mix(english: list[str], other: list[str], share: float, window: int, seed: i
     return out
 
 
-def output_verdicts(root: Path, params, windows: list[list[str]]) -> list[dict]:
-    """The output check's section (``monitoring.output_check.output_section``) of each window's answers."""
+def output_judge(root: Path, params):
+    """A function from windows to the output check's section (``monitoring.output_check.output_section``) of
+    each window's answers; the output reference and the served model are loaded once, here."""
     from monitoring.output_check import answer_signals, load_output_reference, output_section, served_translator
     from monitoring.reference import reference_dir
 
@@ -87,8 +88,12 @@ def output_verdicts(root: Path, params, windows: list[list[str]]) -> list[dict]:
     if reference is None:
         raise SystemExit("no output reference: run `dvc repro monitor_reference` first")
     translator, options, _ = served_translator(params, layout)
-    return [output_section(reference, answer_signals(translator, options, w, reference["tgt_lang"])[1], params.monitor)
-            for w in windows]
+
+    def judge(windows: list[list[str]]) -> list[dict]:
+        return [output_section(reference, answer_signals(translator, options, w, reference["tgt_lang"])[1],
+                               params.monitor) for w in windows]
+
+    return judge
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"monitor params: stattest {cfg.stattest} threshold {cfg.stattest_threshold} {dict(cfg.thresholds)}, "
           f"drift_share {cfg.drift_share}, embeddings {cfg.embedding_method} "
           f"{cfg.embedding_threshold or 'default'}; reference {len(ref)} sentences")
-    more = ["answers alarmed", "signals that alarmed (windows)"] if args.outputs else []
+    judge = output_judge(root, params) if args.outputs else None
+    more = ["answers alarmed", "signals that alarmed (windows)"] if judge else []
     print(markdown_table(["windows", "sentences", "flagged", "descriptors that drifted (windows)", "embeddings drifted",
                           f"median {cfg.embedding_method}", "s/check", *more], []))
     for name, ws in cases(corpus, args.set, cfg.window_size).items():
@@ -130,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(e["statistic"] for e in emb) if emb else float("nan")
         moved_txt = ", ".join(f"{k} {v}" for k, v in moved.most_common()) or "none"
         cells = []
-        if args.outputs:
-            sections = output_verdicts(root, params, ws)
+        if judge:
+            sections = judge(ws)
             for s, section in zip(summaries, sections):
                 s["outputs"] = section
             alarmed = Counter(a for section in sections for a in section.get("alarms", []))

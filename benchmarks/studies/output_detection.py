@@ -137,8 +137,9 @@ def read_pair(folder: Path, split: str, src: str, tgt: str, gz: bool) -> tuple[l
 
 def conditions(args: argparse.Namespace, ans: Answerer) -> tuple[list[dict], list[str]]:
     """The conditions: name, group, sources, references, which translator answers them; and the notes."""
-    from benchmarks.tests_support.detection_scores import (char_noise, checkpoint_step, early_checkpoint,
-                                                           sample_indices, shuffle_words, upper)
+    from aiayn.checkpoint import checkpoint_step
+    from benchmarks.tests_support.detection_scores import char_noise, early_checkpoint, sample_indices, shuffle_words
+    from benchmarks.tests_support.drift_inputs import upper
 
     d, prepared, n, seed = ans.params.data, ans.layout.prepared, args.sentences, args.seed
     out, notes = [], []

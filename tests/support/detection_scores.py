@@ -15,8 +15,8 @@ AUROC, the unfitted combined detector, precision and recall, and the input noise
   over signals: the most surprising signal wins. Nothing is fitted on the labelled set.
 - ``logistic_cv_scores``: the fitted upper reference, out-of-fold probabilities of a logistic regression.
 - ``precision_recall`` of a 0/1 rule against the labels.
-- ``char_noise`` / ``shuffle_words`` / ``upper``: the seeded input corruptions; ``sample_indices``: the seeded
-  sample of a condition's lines.
+- ``char_noise`` / ``shuffle_words``: the seeded input corruptions (upper-casing is ``drift_inputs.upper``);
+  ``sample_indices``: the seeded sample of a condition's lines.
 - ``early_checkpoint``: the oldest kept checkpoint when its step is at most half the final model's;
   ``corrupt_model``: one attention value or output projection scaled (a broken int8 scale), seeded.
 """
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CORRUPTIBLE", "NOISE_LETTERS", "auroc", "char_noise", "checkpoint_step", "chrf_scores",
+__all__ = ["CORRUPTIBLE", "NOISE_LETTERS", "auroc", "char_noise", "chrf_scores",
            "corrupt_model", "early_checkpoint", "label_bad", "logistic_cv_scores", "min_tail_probability",
-           "precision_recall", "sample_indices", "shuffle_words", "suspicion", "tail_probabilities", "upper",
+           "precision_recall", "sample_indices", "shuffle_words", "suspicion", "tail_probabilities",
            "val_distribution", "values_of"]
 
 #: What a substituted character becomes (a fat finger or bad OCR: a letter or a digit).
@@ -216,11 +216,6 @@ def shuffle_words(sentences: Sequence[str], seed: int) -> list[str]:
     return out
 
 
-def upper(sentences: Sequence[str]) -> list[str]:
-    """Upper-cased sentences."""
-    return [s.upper() for s in sentences]
-
-
 def sample_indices(n_total: int, n: int, seed: int) -> list[int]:
     """``n`` sorted line indices out of ``n_total`` (all of them when there are fewer), seeded."""
     if n >= n_total:
@@ -228,16 +223,13 @@ def sample_indices(n_total: int, n: int, seed: int) -> list[int]:
     return sorted(int(i) for i in np.random.default_rng(seed).choice(n_total, size=n, replace=False))
 
 
-def checkpoint_step(path: str | Path) -> int:
-    """The step of ``ckpt_<step>.json``."""
-    return int(Path(path).stem.split("_", 1)[1])
-
-
 def early_checkpoint(model_dir: str | Path, checkpoints: str | Path) -> tuple[Path | None, str]:
     """``(ckpt_*.json, note)``: the oldest checkpoint in ``checkpoints`` when its step is at most half the step of
     ``model_dir/model.json``; else ``None`` and why."""
+    from aiayn.checkpoint import checkpoint_step, list_checkpoints
+
     final = json.loads((Path(model_dir) / "model.json").read_text(encoding="utf-8")).get("step")
-    ckpts = sorted(Path(checkpoints).glob("ckpt_*.json"), key=checkpoint_step)
+    ckpts = list_checkpoints(checkpoints)
     if not ckpts:
         return None, f"no checkpoint in {checkpoints}: early-checkpoint condition skipped"
     oldest = checkpoint_step(ckpts[0])

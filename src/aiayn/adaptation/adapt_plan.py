@@ -114,9 +114,9 @@ def _check_not_all_test_sources(corpus: Path, tests: list[Path]) -> None:
         return [line.split("\t", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
     reviewed = set(sources(corpus))
-    held = {t.stem: len(reviewed & set(sources(t))) for t in tests if t.is_file()}
-    if reviewed and reviewed <= {s for t in tests if t.is_file() for s in sources(t)}:
-        named = ", ".join(f"{split} holds {n}" for split, n in held.items() if n)
+    held = {t.stem: reviewed & set(sources(t)) for t in tests if t.is_file()}
+    if reviewed and reviewed <= set().union(*held.values()):
+        named = ", ".join(f"{split} holds {len(found)}" for split, found in held.items() if found)
         raise AdaptError(f"every one of the {len(reviewed)} reviewed sources in {corpus} is a test sentence of the "
                          f"adapted run ({named}): prepare would drop them all as test-contaminated; take that split "
                          "out of adapt.gate.old_splits (or adapt.gate.new_domain_split), or review other sentences")

@@ -349,7 +349,7 @@ def _move_alias(client: Any, name: str, version: str, *, bleu: float, gate_split
     for _ in range(3):
         champion = _alias_tags(client, name, CHAMPION) or {}
         champion_bleu = float(champion[f"bleu.{gate_split}"]) if f"bleu.{gate_split}" in champion else None
-        adapted = not gated and champion.get(PROMOTION_GATE_TAG) == "promoted"
+        adapted = champion.get(PROMOTION_GATE_TAG) == "promoted"
         alias = choose_alias(bleu, champion_bleu, budget_cut=budget_cut, gated=gated, champion_adapted=adapted)
         reason = (f"registered: challenger, the promotion gate decides; bleu.{gate_split} {bleu:.2f}" if gated else
                   registration_reason(alias, bleu, champion_bleu, gate_split=gate_split, budget_cut=budget_cut,
